@@ -1,0 +1,136 @@
+//! The answer to one check: what was decided and what a client needs to know next.
+
+use std::time::Duration;
+
+/// What the limiter decided for one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The units were admitted (and counted, unless this was a peek).
+    Allowed,
+    /// Over the limit now; [`Decision::retry_after`] says when this cost could pass.
+    Denied,
+    /// The cost is larger than the limit: it can never pass, so waiting is pointless.
+    CostExceedsLimit,
+}
+
+/// A decision with everything rate-limit headers need, computed exactly from
+/// the ring's slot tags.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{Limiter, ManualClock, Policy};
+///
+/// let limiter = Limiter::builder(Policy::per(2, Duration::from_secs(1)).unwrap())
+///     .clock(ManualClock::new())
+///     .build()
+///     .unwrap();
+/// assert!(limiter.check(&"alice").is_allowed());
+/// let second = limiter.check(&"alice");
+/// assert!(second.is_allowed());
+/// assert_eq!(second.remaining(), 0);
+/// let third = limiter.check(&"alice");
+/// assert!(!third.is_allowed());
+/// assert!(third.retry_after().unwrap() > Duration::ZERO);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) outcome: Outcome,
+    pub(crate) limit: u32,
+    pub(crate) remaining: u32,
+    pub(crate) retry_after: Duration,
+    pub(crate) reset: Duration,
+    /// Where the units were recorded, so an admitted decision can be undone.
+    pub(crate) slot: u64,
+    pub(crate) cost: u32,
+    /// Counted in the limiter's shared overflow ring (the key was not tracked).
+    pub(crate) overflow: bool,
+}
+
+impl Decision {
+    /// What was decided.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// True when the units were admitted.
+    pub fn is_allowed(&self) -> bool {
+        self.outcome == Outcome::Allowed
+    }
+
+    /// The policy's limit per window.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Units still available in the current window after this decision.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// How long until this same cost could pass: zero when allowed, `None` when the
+    /// cost exceeds the limit and can never pass.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.outcome {
+            Outcome::CostExceedsLimit => None,
+            _ => Some(self.retry_after),
+        }
+    }
+
+    /// How long until the window fully drains (every counted unit has expired).
+    pub fn reset(&self) -> Duration {
+        self.reset
+    }
+
+    pub(crate) fn cost_exceeds_limit(limit: u32, remaining: u32, reset: Duration) -> Decision {
+        Decision {
+            outcome: Outcome::CostExceedsLimit,
+            limit,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset,
+            slot: 0,
+            cost: 0,
+            overflow: false,
+        }
+    }
+
+    /// A decision made without consulting a store: allowed, reporting `limit`
+    /// as remaining. Used by stores that fail open and by tests.
+    pub fn allow_unchecked(limit: u32) -> Decision {
+        Decision {
+            outcome: Outcome::Allowed,
+            limit,
+            remaining: limit,
+            retry_after: Duration::ZERO,
+            reset: Duration::ZERO,
+            slot: 0,
+            cost: 0,
+            overflow: false,
+        }
+    }
+
+    /// Build a decision from parts (for [`Store`](crate::Store) implementations).
+    pub fn from_parts(
+        outcome: Outcome,
+        limit: u32,
+        remaining: u32,
+        retry_after: Duration,
+        reset: Duration,
+    ) -> Decision {
+        Decision {
+            outcome,
+            limit,
+            remaining,
+            retry_after,
+            reset,
+            slot: 0,
+            cost: 0,
+            overflow: false,
+        }
+    }
+
+    /// The units this decision counted (0 unless allowed by a consuming check).
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+}

@@ -1,0 +1,438 @@
+//! The keyed limiter: a concurrent map from key to [`Ring`], with idle keys
+//! evicted on the request path and a hard cap on how many keys are tracked.
+
+use crate::clock::{Clock, TokioClock};
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::policy::Policy;
+use crate::ring::{Geometry, Ring};
+use crate::stats::{Counters, KeyUsage, Stats};
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+type Hasher = foldhash::fast::RandomState;
+
+/// Entries per partition the map is sized for: one eviction step sweeps one
+/// partition, so this bounds the work a single request can be asked to do.
+const KEYS_PER_PARTITION: usize = 4096;
+const MAX_PARTITIONS: usize = 256;
+/// Lock shards inside each partition.
+const SHARDS_PER_PARTITION: usize = 4;
+
+/// A keyed sliding-window rate limiter, usable on its own or behind the tower layer.
+///
+/// Each key owns a lock-free ring of sub-window counters (see [`Policy`] and
+/// [`Precision`](crate::Precision) for the guarantee). Keys are created on first
+/// use and dropped once idle (all their buckets expired), by the limiter itself:
+/// one check per bucket width sweeps one partition of the map, so no request ever
+/// pays for a full sweep and no background task is needed.
+///
+/// **At `max_keys`:** a check for a key that is not yet tracked first sweeps one
+/// partition for idle keys; if the limiter is still full, the key shares one
+/// overflow ring (same policy) with every other untracked key. Tracked keys are
+/// never evicted while they hold counts in the window, so flooding the limiter with
+/// new keys can never erase, and so reset, a heavy user's count. The flood only
+/// competes with itself (and with other new keys) in the overflow ring.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{Limiter, ManualClock, Policy};
+///
+/// let clock = ManualClock::new();
+/// let limiter = Limiter::builder(Policy::per(2, Duration::from_secs(1)).unwrap())
+///     .clock(clock.clone())
+///     .build()
+///     .unwrap();
+///
+/// assert!(limiter.check(&"10.0.0.1").is_allowed());
+/// assert!(limiter.check(&"10.0.0.1").is_allowed());
+/// assert!(!limiter.check(&"10.0.0.1").is_allowed());
+/// assert!(limiter.check(&"10.0.0.2").is_allowed()); // keys are independent
+///
+/// clock.advance(Duration::from_millis(1100)); // one window plus one bucket
+/// assert!(limiter.check(&"10.0.0.1").is_allowed());
+/// ```
+pub struct Limiter<K, C = TokioClock> {
+    geometry: Geometry,
+    policy: Policy,
+    clock: C,
+    partition_hasher: Hasher,
+    partitions: Box<[DashMap<K, Ring, Hasher>]>,
+    overflow: Ring,
+    max_keys: usize,
+    keys: AtomicUsize,
+    next_sweep_slot: AtomicU64,
+    sweep_cursor: AtomicUsize,
+    evicted: AtomicU64,
+    overflowed: AtomicU64,
+    counters: Counters,
+}
+
+/// Builder for [`Limiter`]: the clock and the key cap.
+pub struct LimiterBuilder<C> {
+    policy: Policy,
+    clock: C,
+    max_keys: usize,
+}
+
+impl<C> LimiterBuilder<C> {
+    /// Use another clock (a [`ManualClock`](crate::ManualClock) in tests, say).
+    pub fn clock<C2: Clock>(self, clock: C2) -> LimiterBuilder<C2> {
+        LimiterBuilder {
+            policy: self.policy,
+            clock,
+            max_keys: self.max_keys,
+        }
+    }
+
+    /// The most keys tracked at once (default [`Limiter::DEFAULT_MAX_KEYS`]).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Validate against the clock and build.
+    pub fn build<K: Hash + Eq + Clone>(self) -> Result<Limiter<K, C>, ConfigError>
+    where
+        C: Clock,
+    {
+        let resolution = self.clock.resolution();
+        if self.policy.bucket_width() < resolution {
+            return Err(ConfigError::BucketBelowClockResolution {
+                bucket: self.policy.bucket_width(),
+                resolution,
+            });
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::ZeroMaxKeys);
+        }
+        let geometry = Geometry::new(&self.policy);
+        let now = self.clock.now_nanos();
+        let partitions = (self.max_keys / KEYS_PER_PARTITION)
+            .next_power_of_two()
+            .clamp(1, MAX_PARTITIONS);
+        Ok(Limiter {
+            overflow: Ring::new(&geometry, now),
+            geometry,
+            policy: self.policy,
+            partition_hasher: Hasher::default(),
+            partitions: (0..partitions)
+                .map(|_| {
+                    DashMap::with_hasher_and_shard_amount(Hasher::default(), SHARDS_PER_PARTITION)
+                })
+                .collect(),
+            max_keys: self.max_keys,
+            keys: AtomicUsize::new(0),
+            next_sweep_slot: AtomicU64::new(geometry.slot(now) + 1),
+            sweep_cursor: AtomicUsize::new(0),
+            evicted: AtomicU64::new(0),
+            overflowed: AtomicU64::new(0),
+            counters: Counters::default(),
+            clock: self.clock,
+        })
+    }
+}
+
+impl<K: Hash + Eq + Clone> Limiter<K, TokioClock> {
+    /// A limiter on tokio's clock with the default key cap.
+    pub fn new(policy: Policy) -> Result<Self, ConfigError> {
+        Limiter::builder(policy).build()
+    }
+}
+
+impl Limiter<(), TokioClock> {
+    /// Start building a limiter for `policy`.
+    pub fn builder(policy: Policy) -> LimiterBuilder<TokioClock> {
+        LimiterBuilder {
+            policy,
+            clock: TokioClock::new(),
+            max_keys: Limiter::DEFAULT_MAX_KEYS,
+        }
+    }
+
+    /// Default cap on tracked keys: 100 000 (about 17 MB with small keys).
+    pub const DEFAULT_MAX_KEYS: usize = 100_000;
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
+    /// Check one unit for `key`, counting it if it fits.
+    #[inline]
+    pub fn check(&self, key: &K) -> Decision {
+        self.check_n(key, 1)
+    }
+
+    /// Check `cost` units for `key`, counting them if they fit. A cost above the
+    /// limit is [`Outcome::CostExceedsLimit`](crate::Outcome::CostExceedsLimit):
+    /// it can never pass, so it is not a wait.
+    pub fn check_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.clock.now_nanos();
+        let decision = self.decide(key, cost, now);
+        self.counters.record(decision.is_allowed());
+        self.maybe_sweep(now);
+        decision
+    }
+
+    /// What `check_n(key, cost)` would decide now, without counting anything.
+    pub fn peek(&self, key: &K, cost: u32) -> Decision {
+        let now = self.clock.now_nanos();
+        let g = &self.geometry;
+        let fits = if cost > g.limit() { 0 } else { cost };
+        let decision = match self.partition(key).get(key) {
+            Some(ring) => ring.peek(g, now, fits),
+            None => Ring::new(g, now).peek(g, now, fits),
+        };
+        if cost > g.limit() {
+            Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset())
+        } else {
+            decision
+        }
+    }
+
+    /// Give back the units an allowed `decision` for `key` counted: for a request
+    /// that was admitted but then not sent (another policy denied it, a waiter was
+    /// cancelled, a reservation went unused). Safe to call late: units whose bucket
+    /// has already expired are simply gone.
+    pub fn undo(&self, key: &K, decision: &Decision) {
+        let g = &self.geometry;
+        if decision.overflow {
+            self.overflow.undo(g, decision);
+        } else if let Some(ring) = self.partition(key).get(key) {
+            ring.undo(g, decision);
+        }
+    }
+
+    /// The key's usage right now (nothing counted).
+    pub fn usage(&self, key: &K) -> KeyUsage {
+        let d = self.peek(key, 0);
+        KeyUsage {
+            used: d.limit() - d.remaining(),
+            remaining: d.remaining(),
+            limit: d.limit(),
+            reset: d.reset(),
+        }
+    }
+
+    /// Limiter-wide totals.
+    pub fn stats(&self) -> Stats {
+        let (admitted, rejected) = self.counters.totals();
+        Stats {
+            admitted,
+            rejected,
+            keys_tracked: self.keys.load(Relaxed),
+            keys_evicted: self.evicted.load(Relaxed),
+            overflowed: self.overflowed.load(Relaxed),
+        }
+    }
+
+    /// The policy this limiter enforces.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The limiter's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Sweep every partition for idle keys now. Never needed for correctness or
+    /// memory (the limiter sweeps by itself); useful before reading stats.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.clock.now_nanos();
+        (0..self.partitions.len())
+            .map(|p| self.sweep_partition(p, now))
+            .sum()
+    }
+
+    fn partition(&self, key: &K) -> &DashMap<K, Ring, Hasher> {
+        let hash = self.partition_hasher.hash_one(key) as usize;
+        &self.partitions[hash & (self.partitions.len() - 1)]
+    }
+
+    fn decide(&self, key: &K, cost: u32, now: u64) -> Decision {
+        let g = &self.geometry;
+        let partition = self.partition(key);
+        if cost > g.limit() {
+            return self.peek(key, cost);
+        }
+        if let Some(ring) = partition.get(key) {
+            return ring.acquire(g, now, cost);
+        }
+        if !self.reserve_key(now) {
+            self.overflowed.fetch_add(1, Relaxed);
+            let mut d = self.overflow.acquire(g, now, cost);
+            d.overflow = true;
+            return d;
+        }
+        match partition.entry(key.clone()) {
+            Entry::Occupied(ring) => {
+                // Another thread inserted it first: give the reservation back.
+                self.keys.fetch_sub(1, Relaxed);
+                ring.get().acquire(g, now, cost)
+            }
+            Entry::Vacant(slot) => slot.insert(Ring::new(g, now)).acquire(g, now, cost),
+        }
+    }
+
+    /// Reserve room for one more key, sweeping one partition if the cap is reached.
+    fn reserve_key(&self, now: u64) -> bool {
+        for attempt in 0..2 {
+            if self.keys.fetch_add(1, Relaxed) < self.max_keys {
+                return true;
+            }
+            self.keys.fetch_sub(1, Relaxed);
+            if attempt == 0 {
+                self.sweep_step(now);
+            }
+        }
+        false
+    }
+
+    /// Once per bucket width, the first check to notice sweeps one partition.
+    #[inline]
+    fn maybe_sweep(&self, now: u64) {
+        let slot = self.geometry.slot(now);
+        let next = self.next_sweep_slot.load(Relaxed);
+        if slot >= next
+            && self
+                .next_sweep_slot
+                .compare_exchange(next, slot + 1, Relaxed, Relaxed)
+                .is_ok()
+        {
+            self.sweep_step(now);
+        }
+    }
+
+    fn sweep_step(&self, now: u64) {
+        let p = self.sweep_cursor.fetch_add(1, Relaxed) % self.partitions.len();
+        self.sweep_partition(p, now);
+    }
+
+    fn sweep_partition(&self, p: usize, now: u64) -> usize {
+        let partition = &self.partitions[p];
+        let g = &self.geometry;
+        let mut removed = 0;
+        // `retain` holds each shard's write lock, so no check runs inside a ring
+        // while it is judged idle and dropped.
+        partition.retain(|_, ring| {
+            let idle = ring.is_idle(g, now);
+            removed += idle as usize;
+            !idle
+        });
+        if removed > 0 {
+            self.keys.fetch_sub(removed, Relaxed);
+            self.evicted.fetch_add(removed as u64, Relaxed);
+            // Give memory back (hashbrown keeps its capacity otherwise).
+            if partition.len() * 4 < partition.capacity() {
+                partition.shrink_to_fit();
+            }
+        }
+        removed
+    }
+}
+
+impl<K, C> std::fmt::Debug for Limiter<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("policy", &self.policy)
+            .field("max_keys", &self.max_keys)
+            .field("keys_tracked", &self.keys.load(Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Outcome};
+    use std::time::Duration;
+
+    fn limiter(limit: u32, max_keys: usize) -> (Limiter<u64, ManualClock>, ManualClock) {
+        let clock = ManualClock::new();
+        let limiter = Limiter::builder(Policy::per(limit, Duration::from_secs(1)).unwrap())
+            .clock(clock.clone())
+            .max_keys(max_keys)
+            .build()
+            .unwrap();
+        (limiter, clock)
+    }
+
+    #[test]
+    fn cost_above_limit_can_never_pass() {
+        let (l, _) = limiter(5, 10);
+        let d = l.check_n(&1, 6);
+        assert_eq!(d.outcome(), Outcome::CostExceedsLimit);
+        assert_eq!(d.retry_after(), None);
+        assert_eq!(d.remaining(), 5);
+        assert_eq!(l.usage(&1).used, 0);
+    }
+
+    #[test]
+    fn idle_keys_are_evicted_by_the_limiter_itself() {
+        let (l, clock) = limiter(5, 100_000);
+        for k in 0..10_000 {
+            assert!(l.check(&k).is_allowed());
+        }
+        assert_eq!(l.stats().keys_tracked, 10_000);
+        clock.advance(Duration::from_secs(2));
+        // Only one hot key keeps checking; each bucket width it sweeps one partition.
+        for _ in 0..l.partitions.len() {
+            clock.advance(Duration::from_millis(70));
+            l.check(&u64::MAX);
+        }
+        let stats = l.stats();
+        assert_eq!(stats.keys_tracked, 1);
+        assert_eq!(stats.keys_evicted, 10_000);
+    }
+
+    #[test]
+    fn at_max_keys_a_flood_cannot_reset_a_tracked_key() {
+        let (l, clock) = limiter(3, 8);
+        for _ in 0..3 {
+            assert!(l.check(&0).is_allowed());
+        }
+        assert!(!l.check(&0).is_allowed());
+        for k in 1..1000 {
+            l.check(&k);
+            clock.advance(Duration::from_micros(100));
+        }
+        assert!(l.stats().keys_tracked <= 8);
+        assert!(l.stats().overflowed > 0);
+        // The heavy user is still over its limit.
+        assert!(!l.check(&0).is_allowed());
+    }
+
+    #[test]
+    fn at_max_keys_idle_keys_make_room() {
+        let (l, clock) = limiter(3, 4);
+        for k in 0..4 {
+            l.check(&k);
+        }
+        clock.advance(Duration::from_secs(3));
+        l.check(&100);
+        assert_eq!(l.stats().overflowed, 0);
+        assert!(l.usage(&100).used == 1);
+    }
+
+    #[test]
+    fn stats_count_admissions_and_rejections() {
+        let (l, _) = limiter(2, 10);
+        for _ in 0..5 {
+            l.check(&7);
+        }
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.keys_tracked), (2, 3, 1));
+        let u = l.usage(&7);
+        assert_eq!((u.used, u.remaining, u.limit), (2, 0, 2));
+    }
+
+    #[test]
+    fn zero_max_keys_is_rejected() {
+        let r: Result<Limiter<u8, _>, _> =
+            Limiter::builder(Policy::per(1, Duration::from_secs(1)).unwrap())
+                .max_keys(0)
+                .build();
+        assert_eq!(r.unwrap_err(), ConfigError::ZeroMaxKeys);
+    }
+}

@@ -1,0 +1,247 @@
+//! What a limit is: `limit` units per `window`, cut into `buckets`.
+
+use crate::error::ConfigError;
+use std::time::Duration;
+
+/// How the sliding window is evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Count every bucket the last window touches (N + 1 of them).
+    ///
+    /// **Guarantee:** no interval of length `window` ever holds more than `limit`
+    /// admitted units. The price is under-admission of at most one bucket: at
+    /// saturation at least N/(N+1) of what an exact sliding log admits.
+    #[default]
+    Strict,
+    /// Cloudflare's sliding-window counter: the oldest bucket is weighted by the part
+    /// of it still inside the window.
+    ///
+    /// Closer to an exact sliding log at saturation, but it assumes the oldest
+    /// bucket's units were spread evenly over it. When they were bunched at its end,
+    /// an interval of length `window` can hold up to `limit` plus the oldest bucket's
+    /// count (at most `limit + limit / N`, typically far less). Cloudflare measured
+    /// 0.003% wrong decisions over 400M requests with this estimate.
+    Interpolated,
+}
+
+/// A validated rate-limit policy: `limit` units per `window`, cut into `buckets`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{Policy, Precision};
+///
+/// let policy = Policy::builder()
+///     .limit(100)
+///     .window(Duration::from_secs(60))
+///     .build()
+///     .unwrap();
+/// assert_eq!(policy.buckets(), Policy::DEFAULT_BUCKETS);
+/// assert_eq!(policy.precision(), Precision::Strict);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    limit: u32,
+    window: Duration,
+    buckets: u32,
+    precision: Precision,
+    name: String,
+}
+
+impl Policy {
+    /// The default number of buckets.
+    ///
+    /// 15 buckets make a ring of 16 counters (128 bytes, two cache lines, indexed by
+    /// a mask), put `retry_after` within 1/15 of the window, and keep strict-mode
+    /// utilisation at saturation at 15/16 ≈ 94% or better.
+    pub const DEFAULT_BUCKETS: u32 = 15;
+    /// The most buckets a window may be cut into.
+    pub const MAX_BUCKETS: u32 = 4096;
+    /// The longest window accepted (2^62 ns, about 146 years): slot arithmetic
+    /// stays inside the clock's 64-bit nanosecond range with room to spare.
+    pub const MAX_WINDOW: Duration = Duration::from_nanos(1 << 62);
+
+    /// Start building a policy.
+    pub fn builder() -> PolicyBuilder {
+        PolicyBuilder::default()
+    }
+
+    /// Shorthand for `limit` per `window` with the defaults (15 buckets, strict).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_sliding_window::Policy;
+    /// let p = Policy::per(10, Duration::from_secs(1)).unwrap();
+    /// assert_eq!(p.limit(), 10);
+    /// ```
+    pub fn per(limit: u32, window: Duration) -> Result<Policy, ConfigError> {
+        Policy::builder().limit(limit).window(window).build()
+    }
+
+    /// Units admitted per window.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The window length.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Number of buckets (sub-windows) the window is cut into.
+    pub fn buckets(&self) -> u32 {
+        self.buckets
+    }
+
+    /// Width of one bucket in nanoseconds: `ceil(window / buckets)`, so N buckets
+    /// always cover at least the whole window.
+    pub fn bucket_width(&self) -> Duration {
+        Duration::from_nanos(self.bucket_nanos())
+    }
+
+    pub(crate) fn bucket_nanos(&self) -> u64 {
+        (self.window.as_nanos() as u64).div_ceil(self.buckets as u64)
+    }
+
+    /// The precision mode.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The policy's name, used in `RateLimit-Policy` headers (default `"default"`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Builder for [`Policy`]; [`build`](PolicyBuilder::build) validates.
+#[derive(Debug, Clone)]
+pub struct PolicyBuilder {
+    limit: u32,
+    window: Duration,
+    buckets: u32,
+    precision: Precision,
+    name: String,
+}
+
+impl Default for PolicyBuilder {
+    fn default() -> Self {
+        PolicyBuilder {
+            limit: 0,
+            window: Duration::ZERO,
+            buckets: Policy::DEFAULT_BUCKETS,
+            precision: Precision::Strict,
+            name: "default".to_owned(),
+        }
+    }
+}
+
+impl PolicyBuilder {
+    /// Units admitted per window (required, at least 1).
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// The window length (required, non-zero).
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Number of buckets (default [`Policy::DEFAULT_BUCKETS`]).
+    pub fn buckets(mut self, buckets: u32) -> Self {
+        self.buckets = buckets;
+        self
+    }
+
+    /// Precision mode (default [`Precision::Strict`]).
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// A name for headers such as `RateLimit-Policy` (default `"default"`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Validate and build.
+    pub fn build(self) -> Result<Policy, ConfigError> {
+        if self.limit == 0 {
+            return Err(ConfigError::ZeroLimit);
+        }
+        if self.window.is_zero() {
+            return Err(ConfigError::ZeroWindow);
+        }
+        if self.buckets == 0 {
+            return Err(ConfigError::ZeroBuckets);
+        }
+        if self.buckets > Policy::MAX_BUCKETS {
+            return Err(ConfigError::TooManyBuckets {
+                buckets: self.buckets,
+                max: Policy::MAX_BUCKETS,
+            });
+        }
+        if self.window > Policy::MAX_WINDOW {
+            return Err(ConfigError::WindowTooLong {
+                window: self.window,
+                max: Policy::MAX_WINDOW,
+            });
+        }
+        if self.window.as_nanos() < self.buckets as u128 {
+            return Err(ConfigError::BucketBelowClockResolution {
+                bucket: self.window / self.buckets,
+                resolution: Duration::from_nanos(1),
+            });
+        }
+        Ok(Policy {
+            limit: self.limit,
+            window: self.window,
+            buckets: self.buckets,
+            precision: self.precision,
+            name: self.name,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_each_invalid_setting_with_its_own_error() {
+        let ok = || Policy::builder().limit(5).window(Duration::from_secs(1));
+        assert_eq!(ok().limit(0).build(), Err(ConfigError::ZeroLimit));
+        assert_eq!(
+            ok().window(Duration::ZERO).build(),
+            Err(ConfigError::ZeroWindow)
+        );
+        assert_eq!(ok().buckets(0).build(), Err(ConfigError::ZeroBuckets));
+        assert!(matches!(
+            ok().buckets(Policy::MAX_BUCKETS + 1).build(),
+            Err(ConfigError::TooManyBuckets { .. })
+        ));
+        assert!(matches!(
+            ok().window(Duration::from_secs(u64::MAX)).build(),
+            Err(ConfigError::WindowTooLong { .. })
+        ));
+        assert!(matches!(
+            ok().window(Duration::from_nanos(10)).buckets(11).build(),
+            Err(ConfigError::BucketBelowClockResolution { .. })
+        ));
+        assert!(ok().build().is_ok());
+    }
+
+    #[test]
+    fn buckets_cover_at_least_the_whole_window() {
+        let p = Policy::builder()
+            .limit(1)
+            .window(Duration::from_nanos(1000))
+            .buckets(3)
+            .build()
+            .unwrap();
+        assert_eq!(p.bucket_nanos(), 334);
+        assert!(p.bucket_nanos() * 3 >= 1000);
+    }
+}
