@@ -129,6 +129,13 @@ impl Decision {
         }
     }
 
+    /// The bucket slot (clock time / bucket width) the units were counted in.
+    /// Exposed for tests that verify the window guarantee slot by slot.
+    #[doc(hidden)]
+    pub fn recorded_slot(&self) -> u64 {
+        self.slot
+    }
+
     /// The units this decision counted (0 unless allowed by a consuming check).
     pub fn cost(&self) -> u32 {
         self.cost

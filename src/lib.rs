@@ -34,6 +34,7 @@
 mod clock;
 mod decision;
 mod error;
+mod extract;
 mod limiter;
 mod policy;
 mod ring;
@@ -44,6 +45,7 @@ mod sync;
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
+pub use extract::{GlobalKey, KeyExtractor};
 pub use limiter::{Limiter, LimiterBuilder};
 pub use policy::{Policy, PolicyBuilder, Precision};
 pub use stats::{KeyUsage, Stats};
