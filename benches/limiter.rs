@@ -203,6 +203,8 @@ fn config() -> Criterion {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .sample_size(30)
+        .nresamples(10_000)
+        .without_plots()
         .noise_threshold(0.05)
 }
 

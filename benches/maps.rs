@@ -227,6 +227,8 @@ fn config() -> Criterion {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2))
         .sample_size(20)
+        .nresamples(10_000)
+        .without_plots()
 }
 
 criterion_group! {
