@@ -12,7 +12,7 @@ use governor::{Quota, RateLimiter};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tower_sliding_window::{Clock, Limiter, ManualClock, Policy, TokioClock};
+use tower_sliding_window::{Clock, CoarseClock, Limiter, ManualClock, Policy, TokioClock};
 
 fn clock_reads(c: &mut Criterion) {
     let mut group = c.benchmark_group("clock_read");
@@ -47,6 +47,10 @@ fn clock_reads(c: &mut Criterion) {
             ))
         })
     });
+    let coarse = CoarseClock::new();
+    group.bench_function("CoarseClock::now_nanos", |b| {
+        b.iter(|| black_box(coarse.now_nanos()))
+    });
     let manual = ManualClock::new();
     group.bench_function("ManualClock::now_nanos", |b| {
         b.iter(|| black_box(manual.now_nanos()))
@@ -72,6 +76,7 @@ fn checks(c: &mut Criterion) {
     let mut group = c.benchmark_group("check_hot_key_by_clock");
     bench_ours(&mut group, "ours/ManualClock", ManualClock::new());
     bench_ours(&mut group, "ours/TokioClock", TokioClock::new());
+    bench_ours(&mut group, "ours/CoarseClock", CoarseClock::new());
     let real = RateLimiter::keyed(quota());
     real.check_key(&0u64).unwrap();
     group.bench_function("governor/QuantaClock", |b| {

@@ -42,6 +42,8 @@ mod stats;
 mod store;
 mod sync;
 
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+pub use clock::CoarseClock;
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
