@@ -6,7 +6,8 @@
 //! ratios (ours / governor time; 2-thread / 1-thread throughput).
 //!
 //! Both limiters run on their default clocks (ours: `TokioClock`; governor: quanta)
-//! and their default hashers, with `u64` keys.
+//! and their default hashers, with `u64` keys; `ours_coarse` is ours on the opt-in
+//! `CoarseClock`.
 //! - `*_allowed`: a limit far above the request rate (1e9 per second), so every
 //!   check is admitted and counted.
 //! - `*_denied`: 1 per hour, so after the first check every check is denied (the
@@ -19,7 +20,7 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
-use tower_sliding_window::{Limiter, Policy};
+use tower_sliding_window::{Clock, CoarseClock, Limiter, Policy, TokioClock};
 
 /// Keys in the round-robin workloads.
 const KEYS: u64 = 100_000;
@@ -30,7 +31,7 @@ trait Check: Sync {
     fn check(&self, key: &u64) -> bool;
 }
 
-impl Check for Limiter<u64> {
+impl<C: Clock> Check for Limiter<u64, C> {
     #[inline]
     fn check(&self, key: &u64) -> bool {
         Limiter::check(self, key).is_allowed()
@@ -51,11 +52,21 @@ enum Load {
 }
 
 fn ours(load: Load) -> Limiter<u64> {
+    ours_on(load, TokioClock::new())
+}
+
+/// Ours on the opt-in `CoarseClock` (CLOCK_MONOTONIC_COARSE).
+fn ours_coarse(load: Load) -> Limiter<u64, CoarseClock> {
+    ours_on(load, CoarseClock::new())
+}
+
+fn ours_on<C: Clock>(load: Load, clock: C) -> Limiter<u64, C> {
     let policy = match load {
         Load::Allowed => Policy::per(1_000_000_000, Duration::from_secs(1)),
         Load::Denied => Policy::per(1, Duration::from_secs(3600)),
     };
     Limiter::builder(policy.unwrap())
+        .clock(clock)
         .max_keys(2 * KEYS as usize)
         .build()
         .unwrap()
@@ -157,6 +168,7 @@ fn single_thread(c: &mut Criterion, name: &str, load: Load, keys: Keys) {
     let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(1));
     bench_single(&mut group, "ours", &ours(load), keys);
+    bench_single(&mut group, "ours_coarse", &ours_coarse(load), keys);
     bench_single(&mut group, "governor", &governor(load), keys);
     group.finish();
 }
@@ -173,6 +185,7 @@ fn multi_thread(c: &mut Criterion, name: &str, load: Load, keys: Keys) {
     // One iteration = one check on each thread: criterion's throughput is the total.
     group.throughput(Throughput::Elements(THREADS));
     bench_multi(&mut group, "ours", &ours(load), keys);
+    bench_multi(&mut group, "ours_coarse", &ours_coarse(load), keys);
     bench_multi(&mut group, "governor", &governor(load), keys);
     group.finish();
 }

@@ -44,29 +44,32 @@ def main():
     groups = sorted({g for g, _ in est if g[:3] in ("1t_", "2t_")},
                     key=lambda g: (g[:2], g))
     if groups:
-        print("| workload | threads | ours ns/iter | governor ns/iter | ours Mchecks/s"
-              " | governor Mchecks/s | ours / governor time | target |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| workload | threads | ours ns/iter | ours_coarse ns/iter | governor ns/iter"
+              " | ours Mchecks/s | governor Mchecks/s | ours / governor | ours_coarse / governor"
+              " | target |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for g in groups:
-            o, gv = est.get((g, "ours")), est.get((g, "governor"))
+            o, oc, gv = (est.get((g, f)) for f in ("ours", "ours_coarse", "governor"))
             if o is None or gv is None:
                 continue
             t = threads(g)
-            print(f"| {g} | {t} | {o:.1f} | {gv:.1f} | {t * 1e3 / o:.1f} | "
-                  f"{t * 1e3 / gv:.1f} | {o / gv:.2f}× | {targets.get(g, '')} |")
+            oc_s = f"{oc:.1f}" if oc else "–"
+            oc_r = f"{oc / gv:.2f}×" if oc else "–"
+            print(f"| {g} | {t} | {o:.1f} | {oc_s} | {gv:.1f} | {t * 1e3 / o:.2f} | "
+                  f"{t * 1e3 / gv:.2f} | {o / gv:.2f}× | {oc_r} | {targets.get(g, '')} |")
         print()
         pairs = [("2t_own_key_allowed", "1t_hot_key_allowed"),
                  ("2t_own_50k_keys_allowed", "1t_100k_keys_allowed"),
                  ("2t_one_key_allowed", "1t_hot_key_allowed"),
                  ("2t_one_key_denied", "1t_hot_key_denied")]
-        print("| 2-thread / 1-thread throughput | ours | governor |")
-        print("|---|---|---|")
+        print("| 2-thread / 1-thread throughput | ours | ours_coarse | governor |")
+        print("|---|---|---|---|")
         for two, one in pairs:
             row = []
-            for who in ("ours", "governor"):
+            for who in ("ours", "ours_coarse", "governor"):
                 t2, t1 = est.get((two, who)), est.get((one, who))
                 row.append(f"{2 * t1 / t2:.2f}×" if t1 and t2 else "–")
-            print(f"| {two} vs {one} | {row[0]} | {row[1]} |")
+            print(f"| {two} vs {one} | " + " | ".join(row) + " |")
         print()
 
     for prefix in ("clock_read", "check_hot_key_by_clock"):
