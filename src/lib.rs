@@ -35,18 +35,32 @@ mod clock;
 mod decision;
 mod error;
 mod extract;
+pub mod future;
+mod layer;
 mod limiter;
+mod mode;
 mod policy;
+mod response;
 mod ring;
+mod service;
 mod stats;
 mod store;
 mod sync;
 
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
-pub use error::ConfigError;
+pub use error::{ConfigError, KeyMissing, RateLimited};
 pub use extract::{GlobalKey, KeyExtractor};
+pub use layer::{
+    Exemption, LayerStats, MissingKey, NoExemption, OnLimit, RequestCost, SlidingWindowLayer,
+    SlidingWindowLayerBuilder, UnitCost, MAX_POLICIES,
+};
 pub use limiter::{Limiter, LimiterBuilder};
+pub use mode::{
+    DefaultResponse, ErrorRejection, HttpRejection, ModeConfig, RejectResponse, RejectionMode,
+};
 pub use policy::{Policy, PolicyBuilder, Precision};
+pub use response::RateLimitHeaders;
+pub use service::SlidingWindow;
 pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError};
