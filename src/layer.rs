@@ -242,7 +242,8 @@ where
     /// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
     /// let limited = svc.clone().oneshot(req()).await?;
     /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(limited.headers()["retry-after"], "60");
+    /// // Whole seconds, rounded up: at most a window plus one bucket (60 s / 15).
+    /// assert_eq!(limited.headers()["retry-after"], "64");
     /// # Ok(()) }
     /// ```
     pub fn new(policy: Policy, extractor: X) -> Result<Self, ConfigError> {
