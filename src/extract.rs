@@ -131,12 +131,24 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
 /// - **tonic** inserts `tonic::transport::server::TcpConnectInfo`; key with a
 ///   closure that reads it and groups the address with [`PeerIp::key_for`]:
 ///
-/// ```ignore
+/// ```
+/// use std::net::IpAddr;
+/// use tonic::transport::server::TcpConnectInfo;
+/// use tower_sliding_window::{KeyExtractor, PeerIp};
+///
 /// let peer = PeerIp::new();
 /// let by_peer = move |req: &http::Request<tonic::body::Body>| {
-///     let info = req.extensions().get::<tonic::transport::server::TcpConnectInfo>()?;
+///     let info = req.extensions().get::<TcpConnectInfo>()?;
 ///     Some(peer.key_for(info.remote_addr()?.ip()))
 /// };
+///
+/// let mut req = http::Request::new(tonic::body::Body::empty());
+/// req.extensions_mut().insert(TcpConnectInfo {
+///     local_addr: None,
+///     remote_addr: Some("[2001:db8::7]:50051".parse()?),
+/// });
+/// assert_eq!(by_peer.extract(&req), Some("2001:db8::".parse::<IpAddr>()?));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// A request without the address has no key (`None`), so the layer's `None`
@@ -487,5 +499,331 @@ impl<B> KeyExtractor<http::Request<B>> for ClientIp {
     fn extract(&self, req: &http::Request<B>) -> Option<IpAddr> {
         let peer = peer_addr(req)?;
         Some(self.key_for(peer.ip(), req.headers()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    /// A request from `peer` (a `SocketAddr` extension) with `name` header lines.
+    fn request(peer: &str, name: &str, lines: &[&[u8]]) -> http::Request<()> {
+        let mut req = http::Request::new(());
+        req.extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
+        for line in lines {
+            req.headers_mut().append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(line).unwrap(),
+            );
+        }
+        req
+    }
+
+    fn xff(peer: &str, lines: &[&str]) -> http::Request<()> {
+        let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+        request(peer, "x-forwarded-for", &lines)
+    }
+
+    fn behind_10_8() -> ClientIp {
+        ClientIp::trusting(nets(&["10.0.0.0/8"]))
+    }
+
+    #[test]
+    fn peer_ip_keys_by_socket_addr_extension() {
+        let req = xff("192.0.2.7:5000", &["6.6.6.6"]);
+        assert_eq!(PeerIp::new().extract(&req), Some(ip("192.0.2.7")));
+        assert_eq!(PeerIp::new().extract(&http::Request::new(())), None);
+    }
+
+    #[test]
+    fn peer_ip_groups_ipv6_by_64_and_treats_mapped_ipv4_as_ipv4() {
+        let a = xff("[2001:db8:aa:bb:1::1]:1", &[]);
+        let b = xff("[2001:db8:aa:bb:ffff::2]:2", &[]);
+        let other_64 = xff("[2001:db8:aa:bc::1]:1", &[]);
+        let peer = PeerIp::new();
+        assert_eq!(peer.extract(&a), Some(ip("2001:db8:aa:bb::")));
+        assert_eq!(peer.extract(&a), peer.extract(&b));
+        assert_ne!(peer.extract(&a), peer.extract(&other_64));
+        let per_56 = PeerIp::new().ipv6_prefix(56).unwrap();
+        assert_eq!(per_56.extract(&a), per_56.extract(&other_64));
+        let mapped = xff("[::ffff:192.0.2.7]:5000", &[]);
+        assert_eq!(peer.extract(&mapped), Some(ip("192.0.2.7")));
+        let per_24 = PeerIp::new().ipv4_prefix(24).unwrap();
+        assert_eq!(per_24.extract(&mapped), Some(ip("192.0.2.0")));
+    }
+
+    #[test]
+    fn invalid_prefix_lengths_are_config_errors() {
+        assert!(PeerIp::new().ipv6_prefix(129).is_err());
+        assert!(PeerIp::new().ipv4_prefix(33).is_err());
+        assert!(ClientIp::new().ipv6_prefix(200).is_err());
+        assert!(ClientIp::new().ipv4_prefix(255).is_err());
+        assert!(PeerIp::new().ipv6_prefix(0).is_ok());
+        assert!(ClientIp::new().ipv6_prefix(128).is_ok());
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn peer_ip_reads_axum_connect_info() {
+        let mut req = http::Request::new(());
+        let addr: SocketAddr = "198.51.100.4:80".parse().unwrap();
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(addr));
+        assert_eq!(PeerIp::new().extract(&req), Some(ip("198.51.100.4")));
+        let mut req = xff("10.0.0.1:1", &["198.51.100.9"]);
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(addr));
+        assert_eq!(
+            behind_10_8().extract(&req),
+            Some(ip("198.51.100.4")),
+            "ConnectInfo wins over a SocketAddr extension"
+        );
+    }
+
+    #[test]
+    fn header_key_takes_visible_ascii_values_only() {
+        let key = HeaderKey::named("X-Api-Key").unwrap();
+        let get = |lines: &[&[u8]]| key.extract(&request("192.0.2.1:1", "x-api-key", lines));
+        assert_eq!(get(&[b"abc-123_XYZ~!"]), Some("abc-123_XYZ~!".to_owned()));
+        assert_eq!(get(&[]), None, "missing");
+        assert_eq!(get(&[b""]), None, "empty");
+        assert_eq!(get(&[b"a", b"b"]), None, "sent twice");
+        assert_eq!(get(&[b"a b"]), None, "space");
+        assert_eq!(get(&[b"a\tb"]), None, "tab");
+        assert_eq!(get(&[b"caf\xc3\xa9"]), None, "non-ASCII UTF-8");
+        assert_eq!(get(&[b"\xff\xfe"]), None, "non-UTF-8");
+        assert_eq!(get(&[&[b'k'; 256]]), Some("k".repeat(256)));
+        assert_eq!(get(&[&[b'k'; 257]]), None, "over 256 bytes");
+        let short = key.clone().max_len(3).unwrap();
+        let req = request("192.0.2.1:1", "x-api-key", &[b"abcd"]);
+        assert_eq!(short.extract(&req), None);
+        assert!(key.max_len(0).is_err());
+        assert!(HeaderKey::named("bad header").is_err());
+        assert!(HeaderKey::named("").is_err());
+    }
+
+    #[test]
+    fn trusting_no_proxy_ignores_the_headers() {
+        let req = xff("203.0.113.5:1", &["6.6.6.6"]);
+        assert_eq!(ClientIp::new().extract(&req), Some(ip("203.0.113.5")));
+        let req = xff("10.0.0.1:1", &["6.6.6.6"]);
+        assert_eq!(ClientIp::new().extract(&req), Some(ip("10.0.0.1")));
+        assert_eq!(
+            ClientIp::trusting_hops(0).extract(&req),
+            Some(ip("10.0.0.1"))
+        );
+        assert_eq!(ClientIp::new().extract(&http::Request::new(())), None);
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_claims() {
+        let req = xff("203.0.113.5:1", &["10.0.0.7, 10.0.0.8"]);
+        assert_eq!(behind_10_8().extract(&req), Some(ip("203.0.113.5")));
+    }
+
+    #[test]
+    fn spoofed_leftmost_entries_do_not_change_the_key() {
+        let client = Some(ip("203.0.113.9"));
+        for spoof in [
+            "203.0.113.9",
+            "6.6.6.6, 203.0.113.9",
+            "10.0.0.3, 203.0.113.9",
+            "garbage, , unknown, 203.0.113.9",
+            "1.1.1.1, 2.2.2.2, 3.3.3.3, 4.4.4.4, 203.0.113.9",
+        ] {
+            let req = xff("10.0.0.2:443", &[spoof]);
+            assert_eq!(behind_10_8().extract(&req), client, "{spoof}");
+        }
+        let split = xff("10.0.0.2:443", &["6.6.6.6", "203.0.113.9"]);
+        assert_eq!(behind_10_8().extract(&split), client);
+    }
+
+    #[test]
+    fn walks_through_many_trusted_hops() {
+        let proxies: Vec<String> = (1..=20).map(|i| format!("10.0.{i}.1")).collect();
+        let mut entries = vec!["6.6.6.6".to_owned(), "198.51.100.23".to_owned()];
+        entries.extend(proxies);
+        let line = entries.join(", ");
+        let req = xff("10.255.0.1:1", &[&line]);
+        assert_eq!(behind_10_8().extract(&req), Some(ip("198.51.100.23")));
+        // The same chain spread over several header lines.
+        let lines: Vec<&str> = entries.iter().map(String::as_str).collect();
+        let req = xff("10.255.0.1:1", &lines);
+        assert_eq!(behind_10_8().extract(&req), Some(ip("198.51.100.23")));
+    }
+
+    #[test]
+    fn mixed_trust_lists_and_ipv6_proxies() {
+        let client_ip =
+            ClientIp::trusting(nets(&["192.0.2.10", "2001:db8:ffff::/48", "10.0.0.0/8"]));
+        let req = xff(
+            "[::ffff:10.1.1.1]:1",
+            &["6.6.6.6, [2001:db8:1:2:3::9]:5555, 192.0.2.10, 2001:db8:ffff::1"],
+        );
+        assert_eq!(client_ip.extract(&req), Some(ip("2001:db8:1:2::")));
+        let per_128 = client_ip.ipv6_prefix(128).unwrap();
+        assert_eq!(per_128.extract(&req), Some(ip("2001:db8:1:2:3::9")));
+    }
+
+    #[test]
+    fn chain_of_only_trusted_hops_keys_the_leftmost_one() {
+        let req = xff("10.0.0.2:1", &["10.0.0.9, 10.0.0.5"]);
+        assert_eq!(behind_10_8().extract(&req), Some(ip("10.0.0.9")));
+        let no_header = xff("10.0.0.2:1", &[]);
+        assert_eq!(behind_10_8().extract(&no_header), Some(ip("10.0.0.2")));
+        let blank = xff("10.0.0.2:1", &["", " , "]);
+        assert_eq!(behind_10_8().extract(&blank), Some(ip("10.0.0.2")));
+    }
+
+    #[test]
+    fn a_malformed_entry_stops_at_the_proxy_that_wrote_it() {
+        for line in [
+            "203.0.113.9, garbage",
+            "203.0.113.9, unknown, 10.0.0.5",
+            "203.0.113.9, 10.0.0.5:99999",
+            "203.0.113.9, _hidden",
+        ] {
+            let req = xff("10.0.0.2:1", &[line]);
+            let want = if line.ends_with("10.0.0.5") {
+                "10.0.0.5"
+            } else {
+                "10.0.0.2"
+            };
+            assert_eq!(behind_10_8().extract(&req), Some(ip(want)), "{line}");
+        }
+        let non_utf8 = request("10.0.0.2:1", "x-forwarded-for", &[b"203.0.113.9, \xff\xfe"]);
+        assert_eq!(behind_10_8().extract(&non_utf8), Some(ip("10.0.0.2")));
+        let too_long = format!("203.0.113.9, {}", "1".repeat(10_000));
+        let req = xff("10.0.0.2:1", &[&too_long]);
+        assert_eq!(behind_10_8().extract(&req), Some(ip("10.0.0.2")));
+    }
+
+    #[test]
+    fn forwarded_header_quoted_ipv6_and_obfuscated_nodes() {
+        let client_ip = behind_10_8().header(ProxyHeader::Forwarded);
+        let fwd = |peer: &str, lines: &[&str]| {
+            let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+            client_ip.extract(&request(peer, "forwarded", &lines))
+        };
+        assert_eq!(
+            fwd(
+                "10.0.0.2:1",
+                &[
+                    r#"for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https, for=10.9.9.9;by=_lb"#
+                ]
+            ),
+            Some(ip("2001:db8:cafe::"))
+        );
+        assert_eq!(
+            fwd("10.0.0.2:1", &[r#"for="_gazonk""#, "for=10.0.0.3"]),
+            Some(ip("10.0.0.3")),
+            "an obfuscated client is keyed as the proxy that hid it"
+        );
+        assert_eq!(
+            fwd("10.0.0.2:1", &[r#"for=unknown, for="192.0.2.60:8080""#]),
+            Some(ip("192.0.2.60"))
+        );
+        assert_eq!(
+            fwd("10.0.0.2:1", &[r#"for="6.6.6.6, for=192.0.2.60"#]),
+            Some(ip("192.0.2.60")),
+            "the client's unbalanced quote does not swallow the proxy's entry"
+        );
+        // Reading Forwarded, a client-sent X-Forwarded-For is ignored, and vice versa.
+        let mut req = xff("10.0.0.2:1", &["6.6.6.6"]);
+        req.headers_mut()
+            .append("forwarded", HeaderValue::from_static("for=192.0.2.60"));
+        assert_eq!(client_ip.extract(&req), Some(ip("192.0.2.60")));
+        let mut req = request("10.0.0.2:1", "forwarded", &[b"for=6.6.6.6"]);
+        req.headers_mut()
+            .append("x-forwarded-for", HeaderValue::from_static("192.0.2.61"));
+        assert_eq!(behind_10_8().extract(&req), Some(ip("192.0.2.61")));
+    }
+
+    #[test]
+    fn trusting_hops_counts_from_the_peer() {
+        let req = xff("172.16.0.9:1", &["6.6.6.6, 198.51.100.7, 172.16.0.5"]);
+        let key = |hops| ClientIp::trusting_hops(hops).extract(&req);
+        assert_eq!(key(1), Some(ip("172.16.0.5")));
+        assert_eq!(key(2), Some(ip("198.51.100.7")));
+        assert_eq!(key(3), Some(ip("6.6.6.6")));
+        assert_eq!(
+            key(9),
+            Some(ip("6.6.6.6")),
+            "a short chain keys its leftmost hop"
+        );
+        let garbage = xff("172.16.0.9:1", &["198.51.100.7, nonsense"]);
+        assert_eq!(
+            ClientIp::trusting_hops(2).extract(&garbage),
+            Some(ip("172.16.0.9"))
+        );
+    }
+
+    #[test]
+    fn key_for_serves_servers_with_their_own_connect_info() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-forwarded-for", HeaderValue::from_static("2001:db8::1"));
+        assert_eq!(
+            behind_10_8().key_for(ip("10.0.0.1"), &headers),
+            ip("2001:db8::")
+        );
+    }
+
+    /// Header values as a server can receive them: any bytes `http` accepts,
+    /// biased towards the characters the parsers branch on.
+    fn header_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let interesting = prop::sample::select(
+            b"0123456789abcdefABCDEF.:[],;=\"\\_ \tforFORunknw\xff\x80".to_vec(),
+        );
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..80),
+            prop::collection::vec(interesting, 0..120),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_header_bytes_never_panic_and_always_key_a_peer(
+            lines in prop::collection::vec(header_bytes(), 0..4),
+        ) {
+            let lines: Vec<&[u8]> = lines
+                .iter()
+                .map(Vec::as_slice)
+                .filter(|l| HeaderValue::from_bytes(l).is_ok())
+                .collect();
+            for name in ["x-forwarded-for", "forwarded", "x-api-key"] {
+                let req = request("10.0.0.2:1", name, &lines);
+                let _ = HeaderKey::named("x-api-key").unwrap().extract(&req);
+                let via_xff = behind_10_8().extract(&req);
+                let via_forwarded = behind_10_8().header(ProxyHeader::Forwarded).extract(&req);
+                prop_assert!(via_xff.is_some() && via_forwarded.is_some());
+                prop_assert!(ClientIp::trusting_hops(3).extract(&req).is_some());
+            }
+        }
+
+        #[test]
+        fn anything_the_client_prepends_leaves_the_key_unchanged(
+            spoof in header_bytes().prop_filter("a valid header value", |b| HeaderValue::from_bytes(b).is_ok()),
+        ) {
+            let client = Some(ip("203.0.113.9"));
+            let mut line = spoof.clone();
+            line.extend_from_slice(b", 203.0.113.9");
+            let req = request("10.0.0.2:1", "x-forwarded-for", &[&spoof, &line]);
+            prop_assert_eq!(behind_10_8().extract(&req), client);
+            let mut line = spoof.clone();
+            line.extend_from_slice(b", for=203.0.113.9;proto=https");
+            let req = request("10.0.0.2:1", "forwarded", &[&spoof, &line]);
+            prop_assert_eq!(behind_10_8().header(ProxyHeader::Forwarded).extract(&req), client);
+        }
     }
 }

@@ -50,12 +50,9 @@ pub(crate) fn hops_from_right(
         .get_all(name)
         .iter()
         .rev()
-        .flat_map(move |line| {
-            let elements = match header {
-                ProxyHeader::XForwardedFor => line.as_bytes().split(|&b| b == b',').collect(),
-                ProxyHeader::Forwarded => split_outside_quotes(line.as_bytes(), b','),
-            };
-            elements.into_iter().rev()
+        .flat_map(move |line| match header {
+            ProxyHeader::XForwardedFor => line.as_bytes().split(|&b| b == b',').rev().collect(),
+            ProxyHeader::Forwarded => rsplit_elements(line.as_bytes()),
         })
         .map(trim_ows)
         .filter(|element| !element.is_empty())
@@ -177,7 +174,8 @@ fn param_value(raw: &[u8]) -> Option<Cow<'_, str>> {
 }
 
 /// Splits at `sep` bytes that are not inside a quoted-string (`"…"`, with `\"`
-/// escapes). An unterminated quote swallows the rest, which then fails to parse.
+/// escapes), left to right. An unterminated quote swallows the rest, which then
+/// fails to parse.
 fn split_outside_quotes(bytes: &[u8], sep: u8) -> Vec<&[u8]> {
     let mut parts = Vec::with_capacity(4);
     let (mut start, mut in_quotes, mut escaped) = (0, false, false);
@@ -194,6 +192,36 @@ fn split_outside_quotes(bytes: &[u8], sep: u8) -> Vec<&[u8]> {
         }
     }
     parts.push(&bytes[start..]);
+    parts
+}
+
+/// Splits a `Forwarded` line into elements at commas outside quoted-strings,
+/// scanning from the right and returning the rightmost element first.
+///
+/// Scanning from the right means the elements our proxies appended are cut
+/// correctly whatever the client put before them: a client's unbalanced quote
+/// (`Forwarded: for="` joined by a proxy with `, for=203.0.113.9`) cannot swallow
+/// the proxy's entry. Going leftwards, a quote is escaped when an odd number of
+/// backslashes precedes it.
+fn rsplit_elements(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut parts = Vec::with_capacity(4);
+    let (mut end, mut in_quotes) = (bytes.len(), false);
+    for i in (0..bytes.len()).rev() {
+        match bytes[i] {
+            b'"' => {
+                let backslashes = bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                if backslashes % 2 == 0 {
+                    in_quotes = !in_quotes;
+                }
+            }
+            b',' if !in_quotes => {
+                parts.push(&bytes[i + 1..end]);
+                end = i;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&bytes[..end]);
     parts
 }
 
@@ -371,8 +399,13 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_unterminated_quote_swallows_the_rest() {
+    fn forwarded_unbalanced_quote_cannot_swallow_entries_to_its_right() {
         let got = hops(ProxyHeader::Forwarded, &[br#"for="1.2.3.4, for=5.6.7.8"#]);
-        assert_eq!(got, vec![None]);
+        assert_eq!(got, vec![Some(ip("5.6.7.8")), None]);
+        let got = hops(
+            ProxyHeader::Forwarded,
+            &[br#"for="\", for=\"x", for="[2001:db8::1]", for=5.6.7.8"#],
+        );
+        assert_eq!(got[..2], [Some(ip("5.6.7.8")), Some(ip("2001:db8::1"))]);
     }
 }
