@@ -808,6 +808,8 @@ mod tests {
                 let via_forwarded = behind_10_8().header(ProxyHeader::Forwarded).extract(&req);
                 prop_assert!(via_xff.is_some() && via_forwarded.is_some());
                 prop_assert!(ClientIp::trusting_hops(3).extract(&req).is_some());
+                // Trusting nobody, no header bytes can move the key off the peer.
+                prop_assert_eq!(ClientIp::new().extract(&req), PeerIp::new().extract(&req));
             }
         }
 

@@ -50,9 +50,9 @@ pub(crate) fn hops_from_right(
         .get_all(name)
         .iter()
         .rev()
-        .flat_map(move |line| match header {
-            ProxyHeader::XForwardedFor => line.as_bytes().split(|&b| b == b',').rev().collect(),
-            ProxyHeader::Forwarded => rsplit_elements(line.as_bytes()),
+        .flat_map(move |line| RSplitList {
+            rest: Some(line.as_bytes()),
+            quotes: header == ProxyHeader::Forwarded,
         })
         .map(trim_ows)
         .filter(|element| !element.is_empty())
@@ -195,34 +195,44 @@ fn split_outside_quotes(bytes: &[u8], sep: u8) -> Vec<&[u8]> {
     parts
 }
 
-/// Splits a `Forwarded` line into elements at commas outside quoted-strings,
-/// scanning from the right and returning the rightmost element first.
+/// The elements of one comma-separated header line, rightmost first, without
+/// allocating. With `quotes` (`Forwarded`), commas inside quoted-strings do not
+/// split.
 ///
 /// Scanning from the right means the elements our proxies appended are cut
 /// correctly whatever the client put before them: a client's unbalanced quote
 /// (`Forwarded: for="` joined by a proxy with `, for=203.0.113.9`) cannot swallow
 /// the proxy's entry. Going leftwards, a quote is escaped when an odd number of
 /// backslashes precedes it.
-fn rsplit_elements(bytes: &[u8]) -> Vec<&[u8]> {
-    let mut parts = Vec::with_capacity(4);
-    let (mut end, mut in_quotes) = (bytes.len(), false);
-    for i in (0..bytes.len()).rev() {
-        match bytes[i] {
-            b'"' => {
-                let backslashes = bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count();
-                if backslashes % 2 == 0 {
-                    in_quotes = !in_quotes;
+struct RSplitList<'a> {
+    rest: Option<&'a [u8]>,
+    quotes: bool,
+}
+
+impl<'a> Iterator for RSplitList<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let bytes = self.rest?;
+        let mut in_quotes = false;
+        for i in (0..bytes.len()).rev() {
+            match bytes[i] {
+                b'"' if self.quotes => {
+                    let backslashes = bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                    if backslashes % 2 == 0 {
+                        in_quotes = !in_quotes;
+                    }
                 }
+                b',' if !in_quotes => {
+                    self.rest = Some(&bytes[..i]);
+                    return Some(&bytes[i + 1..]);
+                }
+                _ => {}
             }
-            b',' if !in_quotes => {
-                parts.push(&bytes[i + 1..end]);
-                end = i;
-            }
-            _ => {}
         }
+        self.rest = None;
+        Some(bytes)
     }
-    parts.push(&bytes[..end]);
-    parts
 }
 
 /// Visible ASCII, space or tab: what a quoted-string may hold (obs-text is refused).
