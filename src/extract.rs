@@ -5,40 +5,9 @@
 //! connection's address), [`HeaderKey`] (an API key or user header) and
 //! [`ClientIp`] (the client's address behind trusted reverse proxies).
 //!
-//! # Security notes
-//!
-//! **Which address is the client's.** A request that passed through reverse
-//! proxies arrives from the last proxy; the client's address is only known from
-//! what the proxies wrote into `X-Forwarded-For` or `Forwarded`. Each proxy
-//! *appends* the address it received the request from, so the list reads
-//! `claimed…, client, proxy1, proxy2` and only its right end is trustworthy: every
-//! entry left of the client's real address was sent by the client and can be
-//! anything. [`ClientIp`] therefore walks the list from the right, starting at the
-//! connection's peer address, and steps left only while the current hop is a proxy
-//! you configured as trusted. The first address that is not a trusted proxy is the
-//! client. Extractors that take the leftmost entry (as `tower_governor`'s
-//! `SmartIpKeyExtractor` does) let every client pick its own key and so escape
-//! any per-client limit, or exhaust someone else's.
-//!
-//! **A spoofed `X-Forwarded-For` does not change the key.** With no trusted proxy
-//! configured (the default) the headers are not read at all and the key is the
-//! peer address. With trusted proxies, whatever the client prepends lies left of
-//! the entry your own proxy appended, and the walk stops at that entry.
-//!
-//! **IPv6 is grouped by prefix.** An IPv6 subscriber is normally handed a whole
-//! /64 (often a /56 or /48), and picks addresses in it freely (privacy
-//! extensions rotate them on their own), so one client could otherwise hold 2^64
-//! keys. [`PeerIp`] and [`ClientIp`] mask IPv6 addresses to their /64 by default;
-//! [`PeerIp::ipv6_prefix`] / [`ClientIp::ipv6_prefix`] pick another length (56 or
-//! 48 is stricter, 128 keys every address). IPv4 addresses are keyed whole (/32)
-//! unless [`ipv4_prefix`](PeerIp::ipv4_prefix) says otherwise. IPv4-mapped IPv6
-//! addresses (`::ffff:192.0.2.1`, as dual-stack sockets report IPv4 peers) are
-//! treated as the IPv4 address they carry.
-//!
-//! **Header keys are chosen by the client.** [`HeaderKey`] keys on whatever the
-//! client sends; authenticate the value (or limit by [`ClientIp`] as well) before
-//! relying on it, and pick a `None` outcome on the layer that does not let
-//! header-less requests bypass the limit.
+//! The security notes for address keys (why the proxy chain is read from the
+//! right, why a spoofed `X-Forwarded-For` cannot change the key, what IPv6
+//! grouping by /64 means) are on [`ClientIp`].
 
 use std::hash::Hash;
 use std::net::{IpAddr, SocketAddr};
@@ -119,7 +88,7 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
 }
 
 /// Keys requests by the peer's IP address: the address of the TCP connection,
-/// IPv6 grouped by its /64 (see the [module docs](self#security-notes)).
+/// IPv6 grouped by its /64 (see the [security notes](ClientIp#security-notes)).
 ///
 /// The address is read from the request's extensions, where the server put it:
 ///
@@ -368,6 +337,49 @@ enum Trust {
 /// assert_eq!(ClientIp::new().extract(&req), Some("10.0.0.2".parse::<IpAddr>()?));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Security notes
+///
+/// **Which address is the client's.** A request that passed through reverse
+/// proxies arrives from the last proxy; the client's address is only known from
+/// what the proxies wrote into `X-Forwarded-For` or `Forwarded`. Each proxy
+/// *appends* the address it received the request from, so the list reads
+/// `claimed…, client, proxy1, proxy2` and only its right end is trustworthy: every
+/// entry left of the client's real address was sent by the client and can be
+/// anything. [`ClientIp`] therefore walks the list from the right, starting at the
+/// connection's peer address, and steps left only while the current hop is a proxy
+/// you configured as trusted. The first address that is not a trusted proxy is the
+/// client. Extractors that take the leftmost entry (as `tower_governor`'s
+/// `SmartIpKeyExtractor` does) let every client pick its own key and so escape
+/// any per-client limit, or exhaust someone else's.
+///
+/// **A spoofed `X-Forwarded-For` does not change the key.** With no trusted proxy
+/// configured (the default) the headers are not read at all and the key is the
+/// peer address. With trusted proxies, whatever the client prepends lies left of
+/// the entry your own proxy appended, and the walk stops at that entry.
+///
+/// **Read the one header your proxy maintains.** A client can send both
+/// `X-Forwarded-For` and `Forwarded`; only the one your trusted proxy appends to
+/// has a trustworthy right end, so [`ClientIp`] reads exactly one
+/// ([`ClientIp::header`]). List as trusted only proxies that append (or
+/// overwrite) that header: a trusted hop that passes a client's header on
+/// unchanged lets the client choose its key.
+///
+/// **IPv6 is grouped by prefix.** An IPv6 subscriber is normally handed a whole
+/// /64 (often a /56 or /48), and picks addresses in it freely (privacy
+/// extensions rotate them on their own), so one client could otherwise hold 2^64
+/// keys. [`PeerIp`] and [`ClientIp`] mask IPv6 addresses to their /64 by default;
+/// [`PeerIp::ipv6_prefix`] / [`ClientIp::ipv6_prefix`] pick another length (56 or
+/// 48 is stricter, 128 keys every address). IPv4 addresses are keyed whole (/32)
+/// unless [`ipv4_prefix`](PeerIp::ipv4_prefix) says otherwise. IPv4-mapped IPv6
+/// addresses (`::ffff:192.0.2.1`, as dual-stack sockets report IPv4 peers) are
+/// treated as the IPv4 address they carry. Like NAT for IPv4, grouping means the
+/// devices of one /64 (one household or office) share a key.
+///
+/// **Header keys are chosen by the client.** [`HeaderKey`] keys on whatever the
+/// client sends; authenticate the value (or limit by [`ClientIp`] as well) before
+/// relying on it, and pick a `None` outcome on the layer that does not let
+/// header-less requests bypass the limit.
 #[derive(Debug, Clone)]
 pub struct ClientIp {
     trust: Trust,
