@@ -24,6 +24,15 @@ use tower_service::Service;
 /// `poll_ready` is the inner service's; the limit is decided in `call`, so a
 /// request over the limit never waits for the inner service. `call` never
 /// panics, even when `poll_ready` was skipped.
+///
+/// With the in-memory [`Limiter`] (or any store that answers through
+/// [`Store::check_now`]) the decision is made inside `call`: an allowed request
+/// goes straight to the inner service, a rejected one gets a ready response,
+/// and nothing is allocated or boxed on either path. A store that answers later
+/// is awaited in the response future; the inner service readied by
+/// `poll_ready` moves into that future and a clone takes its place, which is
+/// why the inner service must be `Clone` (axum, hyper and tonic services are;
+/// wrap others in tower's `Buffer`).
 pub struct SlidingWindow<
     S,
     K,
