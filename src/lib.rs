@@ -92,7 +92,9 @@ mod sync;
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
 pub use error::{ConfigError, KeyMissing, RateLimited};
-pub use extract::{GlobalKey, KeyExtractor};
+pub use extract::{
+    ClientIp, GlobalKey, HeaderKey, IpNet, IpNetParseError, KeyExtractor, PeerIp, ProxyHeader,
+};
 pub use layer::{
     Exemption, LayerStats, MissingKey, NoExemption, OnLimit, RequestCost, SlidingWindowLayer,
     SlidingWindowLayerBuilder, UnitCost, MAX_POLICIES,

@@ -14,7 +14,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
-use tower_sliding_window::{GlobalKey, MissingKey, Policy, RateLimited, SlidingWindowLayer};
+use tower_sliding_window::{
+    GlobalKey, MissingKey, PeerIp, Policy, RateLimited, SlidingWindowLayer,
+};
 
 fn policy(name: &str, limit: u32, window: Duration) -> Policy {
     Policy::builder()
