@@ -14,9 +14,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
-use tower_sliding_window::{
-    GlobalKey, MissingKey, PeerIp, Policy, RateLimited, SlidingWindowLayer,
-};
+#[cfg(feature = "axum")]
+use tower_sliding_window::PeerIp;
+use tower_sliding_window::{GlobalKey, MissingKey, Policy, RateLimited, SlidingWindowLayer};
 
 fn policy(name: &str, limit: u32, window: Duration) -> Policy {
     Policy::builder()
@@ -223,22 +223,35 @@ async fn keys_are_limited_independently() {
 
 #[tokio::test]
 async fn peer_address_from_connect_info_is_a_key() {
-    let peer = |req: &Request<Body>| {
+    let closure = |req: &Request<Body>| {
         req.extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| addr.ip())
     };
-    let layer = SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), peer).unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hi" }))
-            .layer(layer),
-    )
-    .await;
+    let layer = SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), closure).unwrap();
+    assert_limits_the_peer(serve(app().layer(layer)).await).await;
+}
+
+/// The ready extractor reads axum's `ConnectInfo` with the crate's `axum` feature.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn peer_ip_extractor_keys_by_connect_info() {
+    let layer =
+        SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), PeerIp::new()).unwrap();
+    assert_limits_the_peer(serve(app().layer(layer)).await).await;
+}
+
+fn app() -> Router {
+    Router::new().route("/", get(|| async { "hi" }))
+}
+
+async fn assert_limits_the_peer(addr: SocketAddr) {
     assert_eq!(send(addr, &[]).await.status(), StatusCode::OK);
-    assert_eq!(
-        send(addr, &[]).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
+    let limited = send(addr, &[]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        limited.headers().contains_key("ratelimit"),
+        "keyed, not missing"
     );
 }
 
