@@ -1,4 +1,15 @@
 //! The service: key the request, decide with every policy, forward or reject.
+//!
+//! One request goes: exemption → key (or the `MissingKey` outcome) → cost →
+//! every store's `check_now` → [`decide`] (all-or-nothing, picks the policy to
+//! report) → [`act`] (forward with headers, or reject per [`OnLimit`]). A store
+//! that cannot answer at once moves the rest into the response future
+//! (`decide_later`); everything after the answers is the same code.
+//!
+//! Adding a waiting behaviour: give [`OnLimit`] the variant, make `act` return a
+//! new `Action` for it, and give the response future a matching state in
+//! `future.rs` (its one state enum). Backpressure for key-less limits belongs in
+//! `poll_ready`, which today only forwards the inner service's readiness.
 
 use crate::decision::{Decision, Outcome};
 use crate::extract::KeyExtractor;
@@ -349,6 +360,7 @@ where
                     tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit: rejected")
                 }
             }
+            // The seam for waiting modes: a wait would be one more `Action`.
             match shared.on_limit {
                 OnLimit::Reject => {
                     Action::Reject(shared.mode.reject(req, Rejection::Limited(report, name)))

@@ -1,6 +1,6 @@
-//! The layer in an axum app: a real server on 127.0.0.1, a hyper client that
-//! opens a fresh connection per request, and header values parsed back as
-//! RFC 9651 structured fields.
+//! The layer in an axum app and in a plain hyper server: real servers on
+//! 127.0.0.1, a hyper client that opens a fresh connection per request, and
+//! header values parsed back as RFC 9651 structured fields.
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -394,4 +394,45 @@ async fn window_rolls_over_on_paused_time() {
     assert_eq!(status(app.clone()).await.0, StatusCode::OK);
     assert_eq!(status(app.clone()).await.0, StatusCode::OK);
     assert_eq!(status(app).await.0, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A plain hyper 1 server: one service per connection, built from the same layer
+/// value, the peer address put into the request's extensions.
+#[tokio::test]
+async fn plain_hyper_server_shares_the_limit_across_connections() {
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::service::TowerToHyperService;
+    use std::convert::Infallible;
+    use tower::ServiceBuilder;
+
+    let peer = |req: &Request<Incoming>| req.extensions().get::<SocketAddr>().map(|a| a.ip());
+    let layer = SlidingWindowLayer::new(policy("hyper", 3, Duration::from_secs(60)), peer).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, remote) = listener.accept().await.unwrap();
+            let svc = ServiceBuilder::new()
+                .map_request(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(remote);
+                    req
+                })
+                .layer(layer.clone())
+                .service_fn(|_req: Request<Incoming>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"hello"))))
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc)),
+            );
+        }
+    });
+
+    let statuses = futures_join(addr, 10).await;
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(ok, 3);
+    let limited = send(addr, &[]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&limited, "retry-after").is_some());
 }
