@@ -227,11 +227,18 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 .filter(|(i, _)| answers[*i].is_none())
                 .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&key, cost))))
                 .collect();
+            // If the caller drops this future before every store has answered,
+            // the request never ran: give back what was already admitted.
+            let guard = UndoOnDrop {
+                shared: &shared,
+                key: &key,
+                answers: &mut answers,
+            };
             // Ask every remote store at once, not one round trip after another.
             poll_fn(|cx| {
                 pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
                     Poll::Ready(answer) => {
-                        answers[*i] = Some(answer);
+                        guard.answers[*i] = Some(answer);
                         false
                     }
                     Poll::Pending => true,
@@ -243,6 +250,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 }
             })
             .await;
+            guard.disarm();
             let verdict = decide(&shared, &key, &answers);
             let headers =
                 match act::<Req, S, K, X, St, M, Co, Ex>(&shared, &req, &key, verdict, &answers) {
@@ -251,6 +259,32 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 };
             M::finish(ready.call(req).await, headers)
         }))
+    }
+}
+
+/// Undoes the admitted answers when dropped, unless disarmed once every store
+/// has answered (from then on, `decide` owns the all-or-nothing bookkeeping).
+struct UndoOnDrop<'a, K, X, St: Store<K>, M, Co, Ex> {
+    shared: &'a Shared<K, X, St, M, Co, Ex>,
+    key: &'a K,
+    answers: &'a mut Answers,
+}
+
+impl<K, X, St: Store<K>, M, Co, Ex> UndoOnDrop<'_, K, X, St, M, Co, Ex> {
+    fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<K, X, St: Store<K>, M, Co, Ex> Drop for UndoOnDrop<'_, K, X, St, M, Co, Ex> {
+    fn drop(&mut self) {
+        for (answer, limit) in self.answers.iter().zip(self.shared.limits.iter()) {
+            if let Some(Ok(d)) = answer {
+                if d.is_allowed() {
+                    limit.store.undo(self.key, d);
+                }
+            }
+        }
     }
 }
 

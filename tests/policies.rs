@@ -272,6 +272,7 @@ struct SlowStore {
     limiter: Arc<Limiter<String>>,
     asked: Arc<AtomicUsize>,
     down: bool,
+    hang: bool,
 }
 
 impl SlowStore {
@@ -280,6 +281,7 @@ impl SlowStore {
             limiter: Arc::new(Limiter::new(policy).unwrap()),
             asked: Arc::default(),
             down,
+            hang: false,
         }
     }
 }
@@ -289,9 +291,12 @@ impl Store<String> for SlowStore {
 
     fn check_n(&self, key: &String, cost: u32) -> Self::Future {
         self.asked.fetch_add(1, Ordering::Relaxed);
-        let (limiter, key, down) = (self.limiter.clone(), key.clone(), self.down);
+        let (limiter, key, down, hang) = (self.limiter.clone(), key.clone(), self.down, self.hang);
         Box::pin(async move {
             tokio::task::yield_now().await;
+            if hang {
+                std::future::pending::<()>().await;
+            }
             if down {
                 Err(StoreError::new(
                     "connection refused",
@@ -330,6 +335,26 @@ async fn remote_stores_are_awaited_and_combined() {
     // b admitted the third request, then gave it back.
     assert_eq!(b.limiter.usage(&"u".to_owned()).used, 2);
     assert_eq!(a.asked.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_stores_decide_gives_its_units_back() {
+    let quick = SlowStore::new(policy("quick", 5, Duration::from_secs(60)), false);
+    let mut stuck = SlowStore::new(policy("stuck", 5, Duration::from_secs(60)), false);
+    stuck.hang = true;
+    let layer = SlidingWindowLayer::builder(user)
+        .store(quick.clone())
+        .store(stuck)
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    let call = svc.ready().await.unwrap().call(request("u"));
+    // The caller gives up (a client timeout, a closed connection).
+    assert!(tokio::time::timeout(Duration::from_secs(1), call)
+        .await
+        .is_err());
+    assert_eq!(quick.asked.load(Ordering::Relaxed), 1);
+    assert_eq!(quick.limiter.usage(&"u".to_owned()).used, 0);
 }
 
 #[tokio::test(start_paused = true)]
