@@ -32,7 +32,7 @@ pub enum OnLimit {
 /// What a request whose extractor returned `None` gets.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum MissingKey<K> {
-    /// Forward it, uncounted.
+    /// Forward it, uncounted and without rate-limit headers.
     Allow,
     /// Reject it: the rejection status with no rate-limit headers (HTTP mode) or
     /// a [`KeyMissing`](crate::KeyMissing) error (error mode). The default, so a

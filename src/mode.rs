@@ -53,6 +53,13 @@ pub(crate) mod sealed {
 
 /// How rejections are delivered for request type `Req` to an inner service `S`:
 /// implemented by [`HttpRejection`] and [`ErrorRejection`] (sealed).
+///
+/// The choice is a type parameter of the layer, not a runtime flag, because the
+/// two need different service signatures: axum requires a route's error type to
+/// stay `Infallible`, so [`HttpRejection`] (the default) answers with a response
+/// and keeps the inner service's error type, while [`ErrorRejection`]
+/// ([`reject_with_errors`](crate::SlidingWindowLayerBuilder::reject_with_errors))
+/// makes the error type [`BoxError`] to carry a [`RateLimited`].
 pub trait RejectionMode<Req, S: Service<Req>>: sealed::Mode<Req, S> {}
 
 impl<T, Req, S> RejectionMode<Req, S> for T
