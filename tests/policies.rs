@@ -427,3 +427,31 @@ async fn rejections_are_logged_and_keys_only_on_opt_in() {
     let loud = logs_of(true).await;
     assert!(loud.contains("key=\"secret-user-42\""), "{loud}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_never_pass_the_tighter_policy_and_leave_no_stray_counts() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("tight", 7, Duration::from_secs(3600)))
+        .policy(policy("loose", 1000, Duration::from_secs(3600)))
+        .build()
+        .unwrap();
+    let stores = layer.clone();
+    let svc = layer.layer(ok_service());
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(request("u")).await.unwrap().status() })
+        })
+        .collect();
+    let mut ok = 0;
+    for task in tasks {
+        if task.await.unwrap() == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    // Racing checks may both be denied near the limit (the safe side), never both admitted.
+    assert!((1..=7).contains(&ok), "{ok} admitted");
+    // Every denied request gave its unit back to the loose policy.
+    let loose = stores.stores().nth(1).unwrap().usage(&());
+    assert_eq!(loose.used, ok);
+}
