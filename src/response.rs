@@ -166,36 +166,66 @@ impl RateLimitHeaders {
     }
 }
 
-/// `"name";r=R;t=T`, written by hand: `format!` costs more than the rest of
-/// the allowed path together.
+/// `"name";r=R;t=T`, written by hand into a stack buffer and copied once:
+/// `format!` (and a growable `Vec`) cost more than the rest of the allowed path.
 fn rate_limit_value(quoted_name: &str, remaining: u32, t: u64) -> Option<HeaderValue> {
-    let mut value = Vec::with_capacity(quoted_name.len() + 26);
-    value.extend_from_slice(quoted_name.as_bytes());
-    value.extend_from_slice(b";r=");
-    push_decimal(&mut value, remaining.into());
-    value.extend_from_slice(b";t=");
-    push_decimal(&mut value, t);
-    HeaderValue::try_from(value).ok()
+    let mut buf = StackBuf::new();
+    if quoted_name.len() + 50 > buf.bytes.len() {
+        // Long policy names are rare: take the simple road.
+        let value = format!("{quoted_name};r={remaining};t={t}");
+        return HeaderValue::try_from(value).ok();
+    }
+    buf.push(quoted_name.as_bytes());
+    buf.push(b";r=");
+    buf.push_decimal(remaining.into());
+    buf.push(b";t=");
+    buf.push_decimal(t);
+    HeaderValue::from_bytes(buf.as_slice()).ok()
 }
 
 fn integer(n: u64) -> HeaderValue {
-    let mut value = Vec::with_capacity(20);
-    push_decimal(&mut value, n);
-    HeaderValue::try_from(value).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    let mut buf = StackBuf::new();
+    buf.push_decimal(n);
+    HeaderValue::from_bytes(buf.as_slice()).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+/// A small fixed buffer for header values; callers check the length first.
+struct StackBuf {
+    bytes: [u8; 128],
+    len: usize,
+}
+
+impl StackBuf {
+    fn new() -> Self {
+        StackBuf {
+            bytes: [0; 128],
+            len: 0,
         }
     }
-    out.extend_from_slice(&digits[start..]);
+
+    fn push(&mut self, part: &[u8]) {
+        let end = self.len + part.len();
+        self.bytes[self.len..end].copy_from_slice(part);
+        self.len = end;
+    }
+
+    fn push_decimal(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// True for gRPC requests (`content-type: application/grpc`, `application/grpc+proto`, …).
