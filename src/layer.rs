@@ -32,7 +32,7 @@ pub enum OnLimit {
 /// What a request whose extractor returned `None` gets.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum MissingKey<K> {
-    /// Forward it, uncounted.
+    /// Forward it, uncounted and without rate-limit headers.
     Allow,
     /// Reject it: the rejection status with no rate-limit headers (HTTP mode) or
     /// a [`KeyMissing`](crate::KeyMissing) error (error mode). The default, so a
@@ -449,33 +449,24 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
         St: 'static,
         St2: 'static,
     {
+        let mut common = self.common;
+        // Stores given before this one carry over when they have the same type.
+        let had_stores = !self.stores.is_empty();
         let previous: Box<dyn std::any::Any> = Box::new(self.stores);
         let mut stores = match previous.downcast::<Vec<St2>>() {
             Ok(same_type) => *same_type,
-            Err(other) => {
-                let had_stores = other
-                    .downcast_ref::<Vec<St>>()
-                    .is_some_and(|v| !v.is_empty());
-                let mut this = SlidingWindowLayerBuilder {
-                    common: self.common,
-                    stores: Vec::new(),
-                    factory: None,
-                    mode: self.mode,
-                    cost: self.cost,
-                    exempt: self.exempt,
-                };
+            Err(_) => {
                 if had_stores {
-                    this.common.error.get_or_insert(ConfigError::Invalid(
+                    common.error.get_or_insert(ConfigError::Invalid(
                         "all stores of one layer must have the same type",
                     ));
                 }
-                this.stores.push(store);
-                return this;
+                Vec::new()
             }
         };
         stores.push(store);
         SlidingWindowLayerBuilder {
-            common: self.common,
+            common,
             stores,
             factory: None,
             mode: self.mode,
@@ -777,6 +768,16 @@ mod tests {
             .store(Limiter::<u8>::new(per_second(2)).unwrap())
             .build();
         assert!(matches!(mixed, Err(ConfigError::Invalid(_))));
+
+        let manual = Limiter::builder(per_second(3))
+            .clock(crate::ManualClock::new())
+            .build()
+            .unwrap();
+        let two_types = SlidingWindowLayer::<u8, _>::builder(key)
+            .store(Limiter::<u8>::new(per_second(2)).unwrap())
+            .store(manual)
+            .build();
+        assert!(matches!(two_types, Err(ConfigError::Invalid(_))));
 
         let zero_keys = SlidingWindowLayer::<u8, _>::builder(key)
             .policy(per_second(1))

@@ -53,6 +53,13 @@ pub(crate) mod sealed {
 
 /// How rejections are delivered for request type `Req` to an inner service `S`:
 /// implemented by [`HttpRejection`] and [`ErrorRejection`] (sealed).
+///
+/// The choice is a type parameter of the layer, not a runtime flag, because the
+/// two need different service signatures: axum requires a route's error type to
+/// stay `Infallible`, so [`HttpRejection`] (the default) answers with a response
+/// and keeps the inner service's error type, while [`ErrorRejection`]
+/// ([`reject_with_errors`](crate::SlidingWindowLayerBuilder::reject_with_errors))
+/// makes the error type [`BoxError`] to carry a [`RateLimited`].
 pub trait RejectionMode<Req, S: Service<Req>>: sealed::Mode<Req, S> {}
 
 impl<T, Req, S> RejectionMode<Req, S> for T
@@ -67,10 +74,36 @@ pub trait ModeConfig: sealed::Validate {}
 
 impl<T: sealed::Validate> ModeConfig for T {}
 
-/// Answer rejected `http::Request`s with a response (the default mode): 429 with
-/// `Retry-After` and `RateLimit` headers, or a trailers-only gRPC status for gRPC
-/// requests. The response body is the inner service's (`ResBody: Default`), and
-/// the error type stays the inner service's.
+/// Answer rejected `http::Request`s with a response (the default mode). The
+/// response body is the inner service's (`ResBody: Default`) and the error type
+/// stays the inner service's, so the layer composes with axum (whose routes must
+/// stay `Infallible`) and tonic without boxing.
+///
+/// # Responses
+///
+/// | case | plain HTTP | gRPC (`content-type: application/grpc…`) |
+/// |---|---|---|
+/// | over a limit | 429 (configurable), empty body, or your [`RejectResponse`] | 200, `grpc-status: 8` (configurable), `grpc-message`, `grpc-retry-pushback-ms` |
+/// | no key, [`MissingKey::Reject`](crate::MissingKey::Reject) | the rejection status, no rate-limit headers | the rejection code |
+/// | store down (fails closed) | 503 with `Retry-After` | `grpc-status: 14` UNAVAILABLE |
+///
+/// gRPC rejections are "trailers-only": the status travels in the response
+/// headers of an empty body, which gRPC clients read as the call's status. A
+/// bare HTTP 429 would reach them as UNAVAILABLE.
+///
+/// # Headers
+///
+/// All values are valid RFC 9651 structured fields.
+///
+/// | header | value |
+/// |---|---|
+/// | `RateLimit-Policy` | `"name";q=L;w=W`, one list member per policy of the layer (`W`: window in seconds, rounded up) |
+/// | `RateLimit` | `"name";r=R;t=T` for the reported policy: the closest to its limit (lowest remaining share) when allowed, the denying policy with the longest wait when denied. `R`: units remaining; `T`: seconds, rounded up, until the cost could pass when denied (equal to `Retry-After`), until the window drains when allowed |
+/// | `Retry-After` | on rejections: whole seconds, rounded up, at least 1; omitted when the cost exceeds the limit, since no wait helps |
+/// | `X-RateLimit-Limit` / `-Remaining` / `-Reset` | opt-in legacy fields; `Reset` is **seconds until the window drains**, not an epoch time |
+///
+/// In strict mode a unit counts for up to one window plus one bucket, so waits
+/// can exceed the window by one bucket (`window / buckets`).
 #[derive(Debug, Clone, Default)]
 pub struct HttpRejection<H = DefaultResponse> {
     pub(crate) options: HeaderOptions,

@@ -1,13 +1,6 @@
 //! Rate-limit header values and rejection responses, built in one place.
 //!
-//! Header formats (all values are valid RFC 9651 structured fields):
-//!
-//! | header | value |
-//! |---|---|
-//! | `RateLimit-Policy` | `"name";q=L;w=W`, one list member per policy (W: window in seconds, rounded up) |
-//! | `RateLimit` | `"name";r=R;t=T` for the reported policy (R: remaining; T: seconds until the cost could pass when denied, until the window drains when allowed; rounded up) |
-//! | `Retry-After` | whole seconds, rounded up, at least 1; omitted when the cost exceeds the limit (no wait helps) |
-//! | `X-RateLimit-Limit` / `-Remaining` / `-Reset` | legacy, opt-in; `Reset` is **seconds until the window drains** (not an epoch time) |
+//! The formats are documented on [`HttpRejection`](crate::HttpRejection).
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::Policy;
@@ -118,8 +111,8 @@ pub struct Report<'a> {
 pub struct RateLimitHeaders {
     policy: Option<HeaderValue>,
     rate_limit: Option<HeaderValue>,
-    retry_after: Option<HeaderValue>,
-    legacy: Option<[HeaderValue; 3]>,
+    retry_after: Option<u64>,
+    legacy: Option<(u32, u32, u64)>,
 }
 
 impl RateLimitHeaders {
@@ -137,20 +130,13 @@ impl RateLimitHeaders {
         let mut headers = RateLimitHeaders::default();
         if options.ietf {
             headers.policy = Some(report.policy_header.clone());
-            let value = format!("{};r={};t={}", report.quoted_name, d.remaining(), t);
-            headers.rate_limit = HeaderValue::try_from(value).ok();
+            headers.rate_limit = rate_limit_value(report.quoted_name, d.remaining(), t);
         }
         if rejected && options.retry_after {
-            if let Some(wait) = d.retry_after() {
-                headers.retry_after = Some(HeaderValue::from(ceil_secs(wait).max(1)));
-            }
+            headers.retry_after = d.retry_after().map(|wait| ceil_secs(wait).max(1));
         }
         if options.legacy {
-            headers.legacy = Some([
-                HeaderValue::from(d.limit()),
-                HeaderValue::from(d.remaining()),
-                HeaderValue::from(ceil_secs(d.reset())),
-            ]);
+            headers.legacy = Some((d.limit(), d.remaining(), ceil_secs(d.reset())));
         }
         headers
     }
@@ -159,8 +145,8 @@ impl RateLimitHeaders {
     /// rejection response or the inner service may have set its own).
     pub(crate) fn write_to(self, map: &mut HeaderMap) {
         let mut put = |name: &HeaderName, value: HeaderValue| {
-            if !map.contains_key(name) {
-                map.insert(name.clone(), value);
+            if let http::header::Entry::Vacant(slot) = map.entry(name) {
+                slot.insert(value);
             }
         };
         if let Some(v) = self.policy {
@@ -169,14 +155,76 @@ impl RateLimitHeaders {
         if let Some(v) = self.rate_limit {
             put(&RATELIMIT, v);
         }
-        if let Some(v) = self.retry_after {
-            put(&RETRY_AFTER, v);
+        if let Some(secs) = self.retry_after {
+            put(&RETRY_AFTER, integer(secs));
         }
-        if let Some([limit, remaining, reset]) = self.legacy {
-            put(&X_RATELIMIT_LIMIT, limit);
-            put(&X_RATELIMIT_REMAINING, remaining);
-            put(&X_RATELIMIT_RESET, reset);
+        if let Some((limit, remaining, reset)) = self.legacy {
+            put(&X_RATELIMIT_LIMIT, integer(limit.into()));
+            put(&X_RATELIMIT_REMAINING, integer(remaining.into()));
+            put(&X_RATELIMIT_RESET, integer(reset));
         }
+    }
+}
+
+/// `"name";r=R;t=T`, written by hand into a stack buffer and copied once:
+/// `format!` (and a growable `Vec`) cost more than the rest of the allowed path.
+fn rate_limit_value(quoted_name: &str, remaining: u32, t: u64) -> Option<HeaderValue> {
+    let mut buf = StackBuf::new();
+    if quoted_name.len() + 50 > buf.bytes.len() {
+        // Long policy names are rare: take the simple road.
+        let value = format!("{quoted_name};r={remaining};t={t}");
+        return HeaderValue::try_from(value).ok();
+    }
+    buf.push(quoted_name.as_bytes());
+    buf.push(b";r=");
+    buf.push_decimal(remaining.into());
+    buf.push(b";t=");
+    buf.push_decimal(t);
+    HeaderValue::from_bytes(buf.as_slice()).ok()
+}
+
+fn integer(n: u64) -> HeaderValue {
+    let mut buf = StackBuf::new();
+    buf.push_decimal(n);
+    HeaderValue::from_bytes(buf.as_slice()).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// A small fixed buffer for header values; callers check the length first.
+struct StackBuf {
+    bytes: [u8; 128],
+    len: usize,
+}
+
+impl StackBuf {
+    fn new() -> Self {
+        StackBuf {
+            bytes: [0; 128],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, part: &[u8]) {
+        let end = self.len + part.len();
+        self.bytes[self.len..end].copy_from_slice(part);
+        self.len = end;
+    }
+
+    fn push_decimal(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 
@@ -307,11 +355,46 @@ mod tests {
     }
 
     #[test]
+    fn integers_are_written_in_decimal() {
+        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+            assert_eq!(integer(n), n.to_string().as_str());
+        }
+        assert_eq!(rate_limit_value("\"p\"", 0, 64).unwrap(), "\"p\";r=0;t=64");
+    }
+
+    #[test]
     fn policy_names_are_quoted_with_escapes() {
         assert_eq!(quoted("a\"b\\c"), r#""a\"b\\c""#);
         assert!(is_valid_policy_name("burst 1"));
         assert!(!is_valid_policy_name("naïve"));
         assert!(!is_valid_policy_name("tab\there"));
+    }
+
+    #[test]
+    fn odd_policy_names_stay_valid_structured_fields() {
+        let names = ["a \"quoted\" \\ name", "default", " spaced ", "50%"];
+        let policies: Vec<Policy> = names
+            .iter()
+            .map(|n| {
+                Policy::builder()
+                    .name(*n)
+                    .limit(7)
+                    .window(Duration::from_millis(1500))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let header = policy_header(policies.iter());
+        let list: sfv::List = sfv::Parser::new(header.as_bytes()).parse().unwrap();
+        assert_eq!(list.len(), names.len());
+        for (entry, name) in list.iter().zip(names) {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("not an item: {entry:?}")
+            };
+            assert_eq!(item.bare_item.as_string().unwrap().as_str(), name);
+            let w = item.params.get("w").unwrap().as_integer().unwrap();
+            assert_eq!(i64::from(w), 2, "window in seconds, rounded up");
+        }
     }
 
     #[test]

@@ -1,4 +1,15 @@
 //! The service: key the request, decide with every policy, forward or reject.
+//!
+//! One request goes: exemption → key (or the `MissingKey` outcome) → cost →
+//! every store's `check_now` → [`decide`] (all-or-nothing, picks the policy to
+//! report) → [`act`] (forward with headers, or reject per [`OnLimit`]). A store
+//! that cannot answer at once moves the rest into the response future
+//! (`decide_later`); everything after the answers is the same code.
+//!
+//! Adding a waiting behaviour: give [`OnLimit`] the variant, make `act` return a
+//! new `Action` for it, and give the response future a matching state in
+//! `future.rs` (its one state enum). Backpressure for key-less limits belongs in
+//! `poll_ready`, which today only forwards the inner service's readiness.
 
 use crate::decision::{Decision, Outcome};
 use crate::extract::KeyExtractor;
@@ -24,6 +35,15 @@ use tower_service::Service;
 /// `poll_ready` is the inner service's; the limit is decided in `call`, so a
 /// request over the limit never waits for the inner service. `call` never
 /// panics, even when `poll_ready` was skipped.
+///
+/// With the in-memory [`Limiter`] (or any store that answers through
+/// [`Store::check_now`]) the decision is made inside `call`: an allowed request
+/// goes straight to the inner service, a rejected one gets a ready response,
+/// and nothing is allocated or boxed on either path. A store that answers later
+/// is awaited in the response future; the inner service readied by
+/// `poll_ready` moves into that future and a clone takes its place, which is
+/// why the inner service must be `Clone` (axum, hyper and tonic services are;
+/// wrap others in tower's `Buffer`).
 pub struct SlidingWindow<
     S,
     K,
@@ -207,11 +227,18 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 .filter(|(i, _)| answers[*i].is_none())
                 .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&key, cost))))
                 .collect();
+            // If the caller drops this future before every store has answered,
+            // the request never ran: give back what was already admitted.
+            let guard = UndoOnDrop {
+                shared: &shared,
+                key: &key,
+                answers: &mut answers,
+            };
             // Ask every remote store at once, not one round trip after another.
             poll_fn(|cx| {
                 pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
                     Poll::Ready(answer) => {
-                        answers[*i] = Some(answer);
+                        guard.answers[*i] = Some(answer);
                         false
                     }
                     Poll::Pending => true,
@@ -223,6 +250,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 }
             })
             .await;
+            guard.disarm();
             let verdict = decide(&shared, &key, &answers);
             let headers =
                 match act::<Req, S, K, X, St, M, Co, Ex>(&shared, &req, &key, verdict, &answers) {
@@ -231,6 +259,32 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 };
             M::finish(ready.call(req).await, headers)
         }))
+    }
+}
+
+/// Undoes the admitted answers when dropped, unless disarmed once every store
+/// has answered (from then on, `decide` owns the all-or-nothing bookkeeping).
+struct UndoOnDrop<'a, K, X, St: Store<K>, M, Co, Ex> {
+    shared: &'a Shared<K, X, St, M, Co, Ex>,
+    key: &'a K,
+    answers: &'a mut Answers,
+}
+
+impl<K, X, St: Store<K>, M, Co, Ex> UndoOnDrop<'_, K, X, St, M, Co, Ex> {
+    fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<K, X, St: Store<K>, M, Co, Ex> Drop for UndoOnDrop<'_, K, X, St, M, Co, Ex> {
+    fn drop(&mut self) {
+        for (answer, limit) in self.answers.iter().zip(self.shared.limits.iter()) {
+            if let Some(Ok(d)) = answer {
+                if d.is_allowed() {
+                    limit.store.undo(self.key, d);
+                }
+            }
+        }
     }
 }
 
@@ -340,6 +394,7 @@ where
                     tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit: rejected")
                 }
             }
+            // The seam for waiting modes: a wait would be one more `Action`.
             match shared.on_limit {
                 OnLimit::Reject => {
                     Action::Reject(shared.mode.reject(req, Rejection::Limited(report, name)))

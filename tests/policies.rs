@@ -272,6 +272,7 @@ struct SlowStore {
     limiter: Arc<Limiter<String>>,
     asked: Arc<AtomicUsize>,
     down: bool,
+    hang: bool,
 }
 
 impl SlowStore {
@@ -280,6 +281,7 @@ impl SlowStore {
             limiter: Arc::new(Limiter::new(policy).unwrap()),
             asked: Arc::default(),
             down,
+            hang: false,
         }
     }
 }
@@ -289,9 +291,12 @@ impl Store<String> for SlowStore {
 
     fn check_n(&self, key: &String, cost: u32) -> Self::Future {
         self.asked.fetch_add(1, Ordering::Relaxed);
-        let (limiter, key, down) = (self.limiter.clone(), key.clone(), self.down);
+        let (limiter, key, down, hang) = (self.limiter.clone(), key.clone(), self.down, self.hang);
         Box::pin(async move {
             tokio::task::yield_now().await;
+            if hang {
+                std::future::pending::<()>().await;
+            }
             if down {
                 Err(StoreError::new(
                     "connection refused",
@@ -330,6 +335,26 @@ async fn remote_stores_are_awaited_and_combined() {
     // b admitted the third request, then gave it back.
     assert_eq!(b.limiter.usage(&"u".to_owned()).used, 2);
     assert_eq!(a.asked.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_stores_decide_gives_its_units_back() {
+    let quick = SlowStore::new(policy("quick", 5, Duration::from_secs(60)), false);
+    let mut stuck = SlowStore::new(policy("stuck", 5, Duration::from_secs(60)), false);
+    stuck.hang = true;
+    let layer = SlidingWindowLayer::builder(user)
+        .store(quick.clone())
+        .store(stuck)
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    let call = svc.ready().await.unwrap().call(request("u"));
+    // The caller gives up (a client timeout, a closed connection).
+    assert!(tokio::time::timeout(Duration::from_secs(1), call)
+        .await
+        .is_err());
+    assert_eq!(quick.asked.load(Ordering::Relaxed), 1);
+    assert_eq!(quick.limiter.usage(&"u".to_owned()).used, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -401,4 +426,32 @@ async fn rejections_are_logged_and_keys_only_on_opt_in() {
 
     let loud = logs_of(true).await;
     assert!(loud.contains("key=\"secret-user-42\""), "{loud}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_never_pass_the_tighter_policy_and_leave_no_stray_counts() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("tight", 7, Duration::from_secs(3600)))
+        .policy(policy("loose", 1000, Duration::from_secs(3600)))
+        .build()
+        .unwrap();
+    let stores = layer.clone();
+    let svc = layer.layer(ok_service());
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(request("u")).await.unwrap().status() })
+        })
+        .collect();
+    let mut ok = 0;
+    for task in tasks {
+        if task.await.unwrap() == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    // Racing checks may both be denied near the limit (the safe side), never both admitted.
+    assert!((1..=7).contains(&ok), "{ok} admitted");
+    // Every denied request gave its unit back to the loose policy.
+    let loose = stores.stores().nth(1).unwrap().usage(&());
+    assert_eq!(loose.used, ok);
 }

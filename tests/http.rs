@@ -1,6 +1,6 @@
-//! The layer in an axum app: a real server on 127.0.0.1, a hyper client that
-//! opens a fresh connection per request, and header values parsed back as
-//! RFC 9651 structured fields.
+//! The layer in an axum app and in a plain hyper server: real servers on
+//! 127.0.0.1, a hyper client that opens a fresh connection per request, and
+//! header values parsed back as RFC 9651 structured fields.
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -14,6 +14,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
+#[cfg(feature = "axum")]
+use tower_sliding_window::PeerIp;
 use tower_sliding_window::{GlobalKey, MissingKey, Policy, RateLimited, SlidingWindowLayer};
 
 fn policy(name: &str, limit: u32, window: Duration) -> Policy {
@@ -221,22 +223,35 @@ async fn keys_are_limited_independently() {
 
 #[tokio::test]
 async fn peer_address_from_connect_info_is_a_key() {
-    let peer = |req: &Request<Body>| {
+    let closure = |req: &Request<Body>| {
         req.extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| addr.ip())
     };
-    let layer = SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), peer).unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hi" }))
-            .layer(layer),
-    )
-    .await;
+    let layer = SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), closure).unwrap();
+    assert_limits_the_peer(serve(app().layer(layer)).await).await;
+}
+
+/// The ready extractor reads axum's `ConnectInfo` with the crate's `axum` feature.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn peer_ip_extractor_keys_by_connect_info() {
+    let layer =
+        SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), PeerIp::new()).unwrap();
+    assert_limits_the_peer(serve(app().layer(layer)).await).await;
+}
+
+fn app() -> Router {
+    Router::new().route("/", get(|| async { "hi" }))
+}
+
+async fn assert_limits_the_peer(addr: SocketAddr) {
     assert_eq!(send(addr, &[]).await.status(), StatusCode::OK);
-    assert_eq!(
-        send(addr, &[]).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
+    let limited = send(addr, &[]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        limited.headers().contains_key("ratelimit"),
+        "keyed, not missing"
     );
 }
 
@@ -379,4 +394,45 @@ async fn window_rolls_over_on_paused_time() {
     assert_eq!(status(app.clone()).await.0, StatusCode::OK);
     assert_eq!(status(app.clone()).await.0, StatusCode::OK);
     assert_eq!(status(app).await.0, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A plain hyper 1 server: one service per connection, built from the same layer
+/// value, the peer address put into the request's extensions.
+#[tokio::test]
+async fn plain_hyper_server_shares_the_limit_across_connections() {
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::service::TowerToHyperService;
+    use std::convert::Infallible;
+    use tower::ServiceBuilder;
+
+    let peer = |req: &Request<Incoming>| req.extensions().get::<SocketAddr>().map(|a| a.ip());
+    let layer = SlidingWindowLayer::new(policy("hyper", 3, Duration::from_secs(60)), peer).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, remote) = listener.accept().await.unwrap();
+            let svc = ServiceBuilder::new()
+                .map_request(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(remote);
+                    req
+                })
+                .layer(layer.clone())
+                .service_fn(|_req: Request<Incoming>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"hello"))))
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc)),
+            );
+        }
+    });
+
+    let statuses = futures_join(addr, 10).await;
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(ok, 3);
+    let limited = send(addr, &[]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&limited, "retry-after").is_some());
 }
