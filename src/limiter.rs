@@ -10,7 +10,7 @@ use crate::stats::{Counters, KeyUsage, Stats};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -65,6 +65,11 @@ pub struct Limiter<K, C = TokioClock> {
     keys: AtomicUsize,
     next_sweep_slot: AtomicU64,
     sweep_cursor: AtomicUsize,
+    /// The newest clock reading any sweep judged idleness at. A ring created after
+    /// its key was evicted starts no earlier, so a check that read the clock before
+    /// the eviction (or a clock that stepped back) is never recorded in a span
+    /// beside the evicted units, which the new ring cannot see.
+    swept_at: AtomicU64,
     evicted: AtomicU64,
     overflowed: AtomicU64,
     counters: Counters,
@@ -127,6 +132,7 @@ impl<C> LimiterBuilder<C> {
             keys: AtomicUsize::new(0),
             next_sweep_slot: AtomicU64::new(geometry.slot(now) + 1),
             sweep_cursor: AtomicUsize::new(0),
+            swept_at: AtomicU64::new(now),
             evicted: AtomicU64::new(0),
             overflowed: AtomicU64::new(0),
             counters: Counters::default(),
@@ -271,7 +277,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
                 self.keys.fetch_sub(1, Relaxed);
                 ring.get().acquire(g, now, cost)
             }
-            Entry::Vacant(slot) => slot.insert(Ring::new(g, now)).acquire(g, now, cost),
+            Entry::Vacant(slot) => {
+                // Under the shard's write lock: a sweep that removed this key
+                // published `swept_at` before taking the lock, so we see it.
+                let start = now.max(self.swept_at.load(SeqCst));
+                slot.insert(Ring::new(g, start)).acquire(g, now, cost)
+            }
         }
     }
 
@@ -313,6 +324,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let partition = &self.partitions[p];
         let g = &self.geometry;
         let mut removed = 0;
+        self.swept_at.fetch_max(now, SeqCst);
         // `retain` holds each shard's write lock, so no check runs inside a ring
         // while it is judged idle and dropped.
         partition.retain(|_, ring| {
@@ -425,6 +437,30 @@ mod tests {
         assert_eq!((s.admitted, s.rejected, s.keys_tracked), (2, 3, 1));
         let u = l.usage(&7);
         assert_eq!((u.used, u.remaining, u.limit), (2, 0, 2));
+    }
+
+    #[test]
+    fn clock_going_backwards_after_eviction_never_recounts_a_window() {
+        let (l, clock) = limiter(2, 10);
+        clock.set(10_000_000_000);
+        let full = l.check_n(&1, 2);
+        assert!(full.is_allowed());
+        // The key goes idle and is evicted at 13 s...
+        clock.set(13_000_000_000);
+        assert_eq!(l.evict_idle(), 1);
+        // ...then the clock steps back to 10.5 s, half a window after the burst.
+        // The key's memory is gone, but the limiter has seen 13 s: the new ring is
+        // held there, so its units are never counted in a span beside the burst.
+        clock.set(10_500_000_000);
+        let d = l.check_n(&1, 2);
+        assert!(d.is_allowed());
+        assert!(
+            d.recorded_slot() > full.recorded_slot() + 15,
+            "recorded at slot {} beside the burst at slot {}",
+            d.recorded_slot(),
+            full.recorded_slot()
+        );
+        assert!(!l.check(&1).is_allowed());
     }
 
     #[test]
