@@ -34,7 +34,9 @@ const SHARDS_PER_PARTITION: usize = 4;
 /// overflow ring (same policy) with every other untracked key. Tracked keys are
 /// never evicted while they hold counts in the window, so flooding the limiter with
 /// new keys can never erase, and so reset, a heavy user's count. The flood only
-/// competes with itself (and with other new keys) in the overflow ring.
+/// competes with itself (and with other new keys) in the overflow ring. While that
+/// ring holds units in the window, new keys keep going to it even if room frees
+/// up, so no key ever leaves it for a fresh ring with units still in its window.
 ///
 /// ```
 /// use std::time::Duration;
@@ -70,6 +72,9 @@ pub struct Limiter<K, C = TokioClock> {
     /// the eviction (or a clock that stepped back) is never recorded in a span
     /// beside the evicted units, which the new ring cannot see.
     swept_at: AtomicU64,
+    /// The first slot at which every unit admitted by the overflow ring so far has
+    /// left the window. New keys are tracked only from then on.
+    overflow_drained_at: AtomicU64,
     evicted: AtomicU64,
     overflowed: AtomicU64,
     counters: Counters,
@@ -133,6 +138,7 @@ impl<C> LimiterBuilder<C> {
             next_sweep_slot: AtomicU64::new(geometry.slot(now) + 1),
             sweep_cursor: AtomicUsize::new(0),
             swept_at: AtomicU64::new(now),
+            overflow_drained_at: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             overflowed: AtomicU64::new(0),
             counters: Counters::default(),
@@ -265,25 +271,40 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         if let Some(ring) = partition.get(key) {
             return ring.acquire(g, now, cost);
         }
-        if !self.reserve_key(now) {
-            self.overflowed.fetch_add(1, Relaxed);
-            let mut d = self.overflow.acquire(g, now, cost);
-            d.overflow = true;
-            return d;
-        }
-        match partition.entry(key.clone()) {
-            Entry::Occupied(ring) => {
-                // Another thread inserted it first: give the reservation back.
-                self.keys.fetch_sub(1, Relaxed);
-                ring.get().acquire(g, now, cost)
+        if self.reserve_key(now) {
+            match partition.entry(key.clone()) {
+                Entry::Occupied(ring) => {
+                    // Another thread inserted it first: give the reservation back.
+                    self.keys.fetch_sub(1, Relaxed);
+                    return ring.get().acquire(g, now, cost);
+                }
+                Entry::Vacant(slot) => {
+                    // Under the shard's write lock: a sweep that removed this key
+                    // published `swept_at` before taking the lock, so we see it.
+                    let start = now.max(self.swept_at.load(SeqCst));
+                    // While the overflow ring may hold this key's units, a fresh
+                    // ring would let the key through twice: stay in the overflow.
+                    if g.slot(start) >= self.overflow_drained_at.load(SeqCst) {
+                        return slot.insert(Ring::new(g, start)).acquire(g, now, cost);
+                    }
+                    self.keys.fetch_sub(1, Relaxed);
+                }
             }
-            Entry::Vacant(slot) => {
-                // Under the shard's write lock: a sweep that removed this key
-                // published `swept_at` before taking the lock, so we see it.
-                let start = now.max(self.swept_at.load(SeqCst));
-                slot.insert(Ring::new(g, start)).acquire(g, now, cost)
+        }
+        self.overflowed.fetch_add(1, Relaxed);
+        let mut d = self.overflow.acquire(g, now, cost);
+        d.overflow = true;
+        if d.is_allowed() {
+            self.overflow_drained_at
+                .fetch_max(d.slot + g.span_slots(), SeqCst);
+            // A racing check may have tracked the key before seeing the line above:
+            // then count these units in the key's own ring instead.
+            if let Some(ring) = partition.get(key) {
+                self.overflow.undo(g, &d);
+                return ring.acquire(g, now, cost);
             }
         }
+        d
     }
 
     /// Reserve room for one more key, sweeping one partition if the cap is reached.
@@ -461,6 +482,27 @@ mod tests {
             full.recorded_slot()
         );
         assert!(!l.check(&1).is_allowed());
+    }
+
+    #[test]
+    fn a_key_leaving_the_overflow_ring_keeps_its_window() {
+        let (l, clock) = limiter(3, 1);
+        assert!(l.check(&1).is_allowed());
+        // At the cap, key 2 shares the overflow ring and uses its whole limit.
+        clock.set(500_000_000);
+        for _ in 0..3 {
+            assert!(l.check(&2).is_allowed());
+        }
+        assert_eq!(l.stats().overflowed, 3);
+        // Key 1 goes idle and makes room, but key 2's units are still in the
+        // window: it must not start over in a fresh ring.
+        clock.set(1_200_000_000);
+        assert!(!l.check(&2).is_allowed());
+        // Once the overflow ring has drained, new keys are tracked again.
+        clock.set(2_600_000_000);
+        assert!(l.check(&2).is_allowed());
+        assert_eq!(l.stats().keys_tracked, 1);
+        assert_eq!(l.usage(&2).used, 1);
     }
 
     #[test]

@@ -88,6 +88,12 @@ impl Geometry {
         self.limit
     }
 
+    /// Slots a unit stays counted: one recorded at slot `x` has left every span
+    /// from slot `x + span_slots()` on.
+    pub(crate) fn span_slots(&self) -> u64 {
+        self.len
+    }
+
     #[inline]
     fn position(&self, slot: u64) -> usize {
         1 + (slot % self.len) as usize
