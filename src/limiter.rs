@@ -506,6 +506,66 @@ mod tests {
     }
 
     #[test]
+    fn peek_reports_without_counting_or_tracking() {
+        let (l, _) = limiter(3, 10);
+        let d = l.peek(&1, 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 2);
+        let too_big = l.peek(&1, 4);
+        assert_eq!(too_big.outcome(), Outcome::CostExceedsLimit);
+        assert_eq!(too_big.retry_after(), None);
+        assert_eq!(l.stats(), Stats::default());
+        assert!(l.check_n(&1, 3).is_allowed());
+        let d = l.peek(&1, 1);
+        assert_eq!(d.outcome(), Outcome::Denied);
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(l.usage(&1).used, 3);
+        assert_eq!((l.stats().admitted, l.stats().rejected), (1, 0));
+    }
+
+    #[test]
+    fn cost_above_limit_counts_as_rejected_and_tracks_nothing() {
+        let (l, _) = limiter(5, 10);
+        assert_eq!(l.check_n(&1, 6).outcome(), Outcome::CostExceedsLimit);
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.keys_tracked), (0, 1, 0));
+        // A cost of exactly the limit passes on an empty window.
+        assert!(l.check_n(&1, 5).is_allowed());
+    }
+
+    #[test]
+    fn undo_gives_units_back_to_the_key_or_the_overflow_ring() {
+        let (l, _) = limiter(2, 1);
+        let tracked = l.check_n(&1, 2);
+        assert!(!l.check(&1).is_allowed());
+        l.undo(&1, &tracked);
+        assert_eq!(l.usage(&1).used, 0);
+        // Key 2 is not tracked (cap of 1): its units live in the overflow ring.
+        let overflowed = l.check_n(&2, 2);
+        assert!(overflowed.is_allowed());
+        assert!(!l.check(&3).is_allowed(), "the overflow ring is shared");
+        l.undo(&2, &overflowed);
+        assert!(l.check(&3).is_allowed());
+    }
+
+    #[test]
+    fn reset_is_the_time_until_the_youngest_unit_leaves() {
+        let (l, clock) = limiter(2, 10);
+        // 1 s window in 15 buckets of 66.67 ms: a unit in slot 0 is counted through
+        // slot 15, so it leaves at 16 * 66_666_667 ns.
+        let d = l.check(&1);
+        assert_eq!(d.reset(), Duration::from_nanos(16 * 66_666_667));
+        clock.set(500_000_000);
+        let d = l.check(&1);
+        let slot = 500_000_000 / 66_666_667;
+        assert_eq!(
+            d.reset(),
+            Duration::from_nanos((slot + 16) * 66_666_667 - 500_000_000)
+        );
+        assert_eq!(l.usage(&9).reset, Duration::ZERO);
+    }
+
+    #[test]
     fn zero_max_keys_is_rejected() {
         let r: Result<Limiter<u8, _>, _> =
             Limiter::builder(Policy::per(1, Duration::from_secs(1)).unwrap())
