@@ -37,6 +37,8 @@ mod error;
 mod extract;
 mod limiter;
 mod policy;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod ring;
 mod stats;
 mod store;
@@ -50,3 +52,12 @@ pub use limiter::{Limiter, LimiterBuilder};
 pub use policy::{Policy, PolicyBuilder, Precision};
 pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError};
+
+/// The `redis` crate this store is built on (feature `redis`), for
+/// [`RedisStoreBuilder::client`].
+#[cfg(feature = "redis")]
+pub use ::redis;
+#[cfg(feature = "redis")]
+pub use redis_store::{
+    FailurePolicy, RedisFuture, RedisKey, RedisStore, RedisStoreBuilder, RedisStoreStats,
+};
