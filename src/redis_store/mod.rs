@@ -228,6 +228,16 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// [`Store::undo`], awaited instead of fired and forgotten (for tests).
+    #[doc(hidden)]
+    pub async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
+        if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
+            self.inner.run_undo(user, slot, cost).await;
+        }
+    }
+}
+
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
@@ -543,6 +553,24 @@ impl Inner {
         }
     }
 
+    /// What an undo of `decision` gives back (nothing unless it counted units), after
+    /// dropping the key from the local deny cache.
+    fn undo_target<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        decision: &Decision,
+    ) -> Option<(Vec<u8>, u64, u32)> {
+        if !decision.is_allowed() || decision.cost == 0 || decision.is_unchecked() {
+            return None;
+        }
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        if let Some(cache) = &self.deny_cache {
+            cache.remove(&user);
+        }
+        Some((user, decision.slot, decision.cost))
+    }
+
     async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32) {
         bump(&self.counters.undos);
         let mut invocation = self.undo.prepare_invoke();
@@ -584,20 +612,14 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
     /// Give the units back in Redis, in a background task (fire and forget),
     /// and drop the key from the local deny cache.
     fn undo(&self, key: &K, decision: &Decision) {
-        if !decision.is_allowed() || decision.cost == 0 || decision.is_unchecked() {
+        let Some((user, slot, cost)) = self.inner.undo_target(key, decision) else {
             return;
-        }
-        let mut user = Vec::new();
-        key.write_redis_key(&mut user);
-        if let Some(cache) = &self.inner.deny_cache {
-            cache.remove(&user);
-        }
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             bump(&self.inner.counters.failures);
             return;
         };
         let inner = self.inner.clone();
-        let (slot, cost) = (decision.slot, decision.cost);
         runtime.spawn(async move { inner.run_undo(user, slot, cost).await });
     }
 
