@@ -5,6 +5,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::io::Write;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,7 +25,12 @@ pub fn skip(test: &str, why: &str) {
         !require_redis(),
         "REQUIRE_REDIS=1 but {test} cannot run: {why}"
     );
-    eprintln!("SKIPPED: {test}: {why} (set REQUIRE_REDIS=1 to make this a failure)");
+    // Straight to the stderr handle: libtest captures eprintln! of passing tests,
+    // and a skip must be visible.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {test}: {why} (set REQUIRE_REDIS=1 to make this a failure)"
+    );
 }
 
 /// A plain connection to the shared Redis, or `None` (after a skip notice) when
