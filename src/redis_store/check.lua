@@ -34,112 +34,117 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local function fmt(x)
-  return string.format('%d', x)
-end
-
 -- s = floor(now / w), corrected for the double division's rounding.
 local s = math.floor(now / w)
-if s * w > now then s = s - 1 end
-if (s + 1) * w <= now then s = s + 1 end
+if s * w > now then
+  s = s - 1
+elseif (s + 1) * w <= now then
+  s = s + 1
+end
 
 local fields = redis.call('HGETALL', key)
 local newest = -1
 for i = 1, #fields, 2 do
-  if fields[i] == 't' then newest = tonumber(fields[i + 1]) end
+  if fields[i] == 't' then
+    newest = tonumber(fields[i + 1])
+    break
+  end
 end
 -- A clock that steps back (a failover to a host whose clock lags) is held at the
 -- key's newest slot, as the in-memory ring does: nothing counted expires early.
 if newest > s then s = newest end
 
--- counts[a] = units recorded at slot s - a, for ages 0..=N (strict counts all of them).
+-- counts[a] = units recorded at slot s - a, for ages 0..=N (sparse: nil is 0).
 local counts = {}
-for a = 0, n do counts[a] = 0 end
 local used = 0
-local stale = {}
+local stale = nil
 for i = 1, #fields, 2 do
   local f = fields[i]
   if f ~= 't' then
     local a = s - tonumber(f)
-    local c = tonumber(fields[i + 1])
     if a > n then
+      stale = stale or {}
       stale[#stale + 1] = f
     else
       if a < 0 then a = 0 end -- never written ahead of "t"; count it (the safe side)
-      counts[a] = counts[a] + c
+      local c = tonumber(fields[i + 1])
+      counts[a] = (counts[a] or 0) + c
       used = used + c
     end
   end
 end
+local oldest = counts[n] or 0
 
--- Interpolated: the window [now - W, now] still covers (w - elapsed) of the oldest bucket.
+-- Interpolated: the window [now - W, now] still covers (w - elapsed) of the oldest
+-- bucket, whose units are weighted by that share. Scaled by w to stay in integers.
 local elapsed = now - s * w
 if elapsed < 0 then elapsed = 0 elseif elapsed > w then elapsed = w end
 
--- Used units scaled by w (exact integers), the oldest bucket weighted in interpolated mode.
-local function weighted(total, oldest)
-  if interpolated then
-    return total * w - oldest * elapsed
-  end
-  return total * w
-end
-
-local function fits(total, oldest)
-  if interpolated then
-    return weighted(total, oldest) <= limit * w
-  end
-  return total <= limit
-end
-
-local function remaining_after(total, oldest)
+local function remaining(total)
   local r
   if interpolated then
-    r = math.floor((limit * w - weighted(total, oldest)) / w)
+    r = math.floor((limit * w - (total * w - oldest * elapsed)) / w)
   else
     r = limit - total
   end
-  if r < 0 then r = 0 end
+  if r < 0 then return 0 end
   return r
 end
 
 -- Time until every counted unit has expired: the youngest leaves last.
 local function reset()
   for a = 0, n do
-    if counts[a] > 0 then
+    if (counts[a] or 0) > 0 then
       return (s - a + n + 1) * w - now
     end
   end
   return 0
 end
 
-local function delete_stale()
+if stale then
   -- In chunks: unpack() of thousands of values would overflow Lua's C stack.
   for i = 1, #stale, 500 do
     redis.call('HDEL', key, unpack(stale, i, math.min(i + 499, #stale)))
   end
 end
 
--- A check enters its slot whether or not it passes (as the ring publishes "newest").
-if s > newest then redis.call('HSET', key, 't', fmt(s)) end
-delete_stale()
-
-if fits(used + cost, counts[n]) then
-  if cost > 0 then redis.call('HINCRBY', key, fmt(s), cost) end
-  counts[0] = counts[0] + cost
-  used = used + cost
-  -- Slot s leaves the counted span when slot s + N + 1 begins: then the key is idle.
-  redis.call('PEXPIRE', key, math.max(1, math.ceil(((s + n + 1) * w - now) / 1000)))
-  return {1, remaining_after(used, counts[n]), 0, reset(), s}
+local fits
+if interpolated then
+  fits = (used + cost) * w - oldest * elapsed <= limit * w
+else
+  fits = used + cost <= limit
 end
 
--- Denied: the exact time until `cost` fits, as counts expire slot by slot
--- (Ring::denied in src/ring.rs).
+local sf = string.format('%d', s)
+if fits then
+  local current = counts[0] or 0
+  counts[0] = current + cost
+  used = used + cost
+  -- A check enters its slot whether or not it passes (the ring publishes "newest").
+  if s > newest then
+    redis.call('HSET', key, 't', sf, sf, current + cost)
+  else
+    redis.call('HSET', key, sf, current + cost)
+  end
+  if current == 0 then
+    -- The first units of slot s: the key is idle once slot s + N + 1 begins.
+    -- Later units of the same slot expire at the same moment, so only the first
+    -- write of each slot needs to move the expiry.
+    redis.call('PEXPIRE', key, math.max(1, math.ceil(((s + n + 1) * w - now) / 1000)))
+  end
+  return {1, remaining(used), 0, reset(), s}
+end
+
+-- Denied (the key holds units, so it exists and has its expiry).
+if s > newest and used > 0 then redis.call('HSET', key, 't', sf) end
+
+-- The exact time until `cost` fits, as counts expire slot by slot (Ring::denied).
 local target = limit - cost
 if target < 0 then target = 0 end
 local at = (s + n + 1) * w
 local u = used
 for k = 0, n do
-  local leaving = counts[n - k]
+  local leaving = counts[n - k] or 0
   local after = u - leaving
   if after <= target then
     if interpolated then
@@ -155,5 +160,4 @@ for k = 0, n do
 end
 local retry = at - now
 if retry < 1 then retry = 1 end
-
-return {0, remaining_after(used, counts[n]), retry, reset(), s}
+return {0, remaining(used), retry, reset(), s}
