@@ -22,6 +22,7 @@ use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
 
 const ROW_DURATION: Duration = Duration::from_secs(2);
 const CALLERS: [usize; 3] = [1, 16, 64];
+const SLOW_LINK: &str = "distinct keys, 1 ms link each way";
 
 struct Row {
     scenario: &'static str,
@@ -315,6 +316,57 @@ async fn raw_row(url: &str, admin: &mut MultiplexedConnection, callers: usize) -
     }
 }
 
+/// A loopback TCP proxy that holds every chunk for `delay` in each direction,
+/// emulating a network link (tokio's timer rounds the delay up to whole
+/// milliseconds). Order is kept and chunks in flight overlap, as on a real link,
+/// so a pipelining client keeps many requests in flight.
+async fn delay_proxy(upstream: String, delay: Duration) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind proxy");
+    let addr = listener.local_addr().expect("proxy addr");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            tokio::spawn(delayed_pipe(client_read, server_write, delay));
+            tokio::spawn(delayed_pipe(server_read, client_write, delay));
+        }
+    });
+    format!("redis://{addr}")
+}
+
+async fn delayed_pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    tokio::spawn(async move {
+        while let Some((at, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = vec![0; 64 * 1024];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0
+            || tx
+                .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+        {
+            break;
+        }
+    }
+}
+
 fn us(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
@@ -349,6 +401,14 @@ async fn run() {
     }
     for callers in CALLERS {
         rows.push(raw_row(&url, &mut admin, callers).await);
+    }
+    let upstream = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let slow_url = delay_proxy(upstream, Duration::from_millis(1)).await;
+    for callers in CALLERS {
+        rows.push(row(SLOW_LINK, &slow_url, &mut admin, callers, false, true).await);
     }
     for callers in CALLERS {
         rows.push(
@@ -412,6 +472,10 @@ async fn run() {
     };
     let ratio = per_sec("distinct keys", 64) / per_sec("distinct keys", 1);
     println!("\nthroughput 64 callers / 1 caller (distinct keys): {ratio:.1}× (target ≥ 5×)");
+    println!(
+        "same over the emulated 1 ms link: {:.1}×",
+        per_sec(SLOW_LINK, 64) / per_sec(SLOW_LINK, 1)
+    );
     let peer = "peer: bare redis-crate EVALSHA";
     println!(
         "same for the bare client: {:.1}×; store / bare client at 64 callers: {:.2}",

@@ -143,6 +143,41 @@ async fn idle_keys_expire_by_themselves() {
 }
 
 #[tokio::test]
+async fn expiry_moves_with_the_newest_slot() {
+    let test = "expiry_moves_with_the_newest_slot";
+    let Some(mut conn) = shared_redis(test).await else {
+        return;
+    };
+    let s = store(
+        policy(100, Duration::from_millis(200), 4),
+        &unique_prefix(test),
+    );
+    let key = s.redis_key(&"k");
+    let expires_at = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move {
+            redis::cmd("PEXPIRETIME")
+                .arg(key)
+                .query_async::<i64>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
+    let first = expires_at(&mut conn).await;
+    assert!(first > 0, "the key has an expiry");
+    // More units never shorten it.
+    assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
+    assert!(expires_at(&mut conn).await >= first);
+    // Units in a later slot (50 ms buckets) keep the key until they expire too.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
+    let later = expires_at(&mut conn).await;
+    assert!(later >= first + 49, "{later} vs {first}");
+}
+
+#[tokio::test]
 async fn stale_buckets_are_deleted_from_a_busy_key() {
     let test = "stale_buckets_are_deleted_from_a_busy_key";
     let Some(mut conn) = shared_redis(test).await else {
