@@ -258,3 +258,39 @@ async fn script_is_reloaded_after_script_flush() {
     assert_eq!(s.stats().failures, 0);
     assert_eq!(s.check_n(&"k", 1).await.unwrap().remaining(), 1);
 }
+
+#[tokio::test]
+async fn the_layer_answers_503_when_failing_closed_and_forwards_when_failing_open() {
+    use tower::ServiceExt;
+    use tower_sliding_window::{GlobalKey, SlidingWindowLayer};
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let prefix = unique_prefix("layer_failure_policy");
+    for (failure, expected) in [
+        (FailurePolicy::Closed, http::StatusCode::SERVICE_UNAVAILABLE),
+        (FailurePolicy::Open, http::StatusCode::OK),
+    ] {
+        let layer = SlidingWindowLayer::builder(GlobalKey)
+            .store(store(&url, failure, &prefix))
+            .build()
+            .unwrap();
+        let svc = tower::ServiceBuilder::new().layer(layer).service_fn(
+            |_req: http::Request<String>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+            },
+        );
+        for _ in 0..3 {
+            let start = Instant::now();
+            let response = svc
+                .clone()
+                .oneshot(http::Request::new(String::new()))
+                .await
+                .unwrap();
+            assert!(start.elapsed() < TIMEOUT + MARGIN);
+            assert_eq!(response.status(), expected, "{failure:?}");
+            if failure == FailurePolicy::Closed {
+                // Whole seconds of the store's suggestion.
+                assert_eq!(response.headers()["retry-after"], "2");
+            }
+        }
+    }
+}

@@ -303,7 +303,19 @@ async fn undo_gives_units_back_and_clears_the_deny_cache() {
 
 /// Run `trace` through the in-memory limiter (manual clock) and through Redis at
 /// the same injected times: the script must decide exactly as the ring does.
-async fn compare_with_the_ring(test: &str, precision: Precision) {
+/// What a comparison trace exercises. The two are kept apart because the
+/// in-memory limiter, after evicting an idle key, starts its new ring no earlier
+/// than the newest time any sweep saw (its keys share one clock), while Redis
+/// holds each key at its own newest slot only while the key exists.
+#[derive(Clone, Copy, PartialEq)]
+enum Trace {
+    /// Three keys, gaps of over a window (idle keys, stale buckets), time only forwards.
+    KeysAndGaps,
+    /// One busy key (never idle) whose clock now and then steps back.
+    ClockSteppingBack,
+}
+
+async fn compare_with_the_ring(test: &str, precision: Precision, trace: Trace) {
     let Some(_) = shared_redis(test).await else {
         return;
     };
@@ -333,16 +345,18 @@ async fn compare_with_the_ring(test: &str, precision: Precision) {
     let mut now = Duration::from_secs(1_000);
     let mut allowed = 0;
     for step in 0..1500 {
-        match rng.below(20) {
-            0..=9 => {}
-            10..=16 => now += Duration::from_micros(rng.below(15_000)),
-            17 | 18 => now += Duration::from_micros(rng.below(120_000)),
-            // Now and then a step back in time, or a gap of over a window.
-            _ if rng.below(2) == 0 => now -= Duration::from_micros(rng.below(50_000)),
-            _ => now += Duration::from_millis(400),
+        match (rng.below(20), trace) {
+            (0..=9, _) => {}
+            (10..=16, _) => now += Duration::from_micros(rng.below(15_000)),
+            (17 | 18, _) => now += Duration::from_micros(rng.below(120_000)),
+            (_, Trace::KeysAndGaps) => now += Duration::from_millis(400),
+            (_, Trace::ClockSteppingBack) => now -= Duration::from_micros(rng.below(50_000)),
         }
         clock.set(now.as_nanos() as u64);
-        let key = rng.below(3);
+        let key = match trace {
+            Trace::KeysAndGaps => rng.below(3),
+            Trace::ClockSteppingBack => 0,
+        };
         let cost = 1 + rng.below(5) as u32;
         let mem = limiter.check_n(&key, cost);
         let red = redis.check_at(&key, cost, now).await.unwrap();
@@ -378,6 +392,17 @@ async fn script_decides_exactly_as_the_ring_in_strict_mode() {
     compare_with_the_ring(
         "script_decides_exactly_as_the_ring_in_strict_mode",
         Precision::Strict,
+        Trace::KeysAndGaps,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn script_holds_a_clock_stepping_back_at_the_newest_slot_as_the_ring_does() {
+    compare_with_the_ring(
+        "script_holds_a_clock_stepping_back_at_the_newest_slot_as_the_ring_does",
+        Precision::Strict,
+        Trace::ClockSteppingBack,
     )
     .await;
 }
@@ -387,6 +412,7 @@ async fn script_decides_as_the_ring_in_interpolated_mode() {
     compare_with_the_ring(
         "script_decides_as_the_ring_in_interpolated_mode",
         Precision::Interpolated,
+        Trace::KeysAndGaps,
     )
     .await;
 }
@@ -492,4 +518,88 @@ fn assert_store_bounds() {
     fn is_store<S: Store<String> + Store<std::net::IpAddr> + Store<()> + Clone>() {}
     is_store::<RedisStore>();
     let _ = redis::Client::open("redis://127.0.0.1");
+}
+
+#[tokio::test]
+async fn check_now_answers_only_what_needs_no_round_trip() {
+    let test = "check_now_answers_only_what_needs_no_round_trip";
+    let Some(_) = shared_redis(test).await else {
+        return;
+    };
+    let s = store(policy(2, Duration::from_secs(10), 10), &unique_prefix(test));
+    let key = "k".to_owned();
+    // A fresh key needs Redis: nothing is decided or counted here.
+    assert!(s.check_now(&key, 1).is_none());
+    assert_eq!(
+        s.check_now(&key, 3).unwrap().unwrap().outcome(),
+        Outcome::CostExceedsLimit
+    );
+    assert!(s.check_n(&key, 2).await.unwrap().is_allowed());
+    assert!(s.check_now(&key, 1).is_none(), "not known to be over yet");
+    assert!(!s.check_n(&key, 1).await.unwrap().is_allowed());
+    let cached = s.check_now(&key, 1).unwrap().unwrap();
+    assert_eq!(cached.outcome(), Outcome::Denied);
+    assert_eq!(s.stats().round_trips, 2);
+}
+
+/// An axum-style service behind the layer with a Redis store, keyed by `x-user`.
+fn limited_service(
+    store: RedisStore,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    use tower_sliding_window::SlidingWindowLayer;
+    let by_user = |req: &http::Request<String>| {
+        req.headers()
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let layer = SlidingWindowLayer::builder(by_user)
+        .store(store)
+        .build()
+        .unwrap();
+    tower::ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_req: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new("ok".to_owned()))
+        })
+}
+
+#[tokio::test]
+async fn the_layer_enforces_a_redis_store_shared_by_two_instances() {
+    use tower::ServiceExt;
+    let test = "the_layer_enforces_a_redis_store_shared_by_two_instances";
+    let Some(_) = shared_redis(test).await else {
+        return;
+    };
+    let prefix = unique_prefix(test);
+    let p = policy(3, Duration::from_secs(10), 10);
+    let instances = [
+        limited_service(store(p.clone(), &prefix)),
+        limited_service(store(p, &prefix)),
+    ];
+    let request = || {
+        http::Request::builder()
+            .header("x-user", "ada")
+            .body(String::new())
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let response = instances[i % 2].clone().oneshot(request()).await.unwrap();
+        if response.status() == http::StatusCode::TOO_MANY_REQUESTS {
+            let retry: u64 = response.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((10..=11).contains(&retry), "Retry-After {retry}");
+        }
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
 }

@@ -421,6 +421,25 @@ impl fmt::Display for Failure {
 }
 
 impl Inner {
+    /// A decision that needs no round trip: a cost that can never pass, or a
+    /// deny-cache hit.
+    fn local_answer(&self, user: &[u8], cost: u32) -> Option<Decision> {
+        if cost > self.limit {
+            // It can never pass: no need to ask Redis (remaining and reset unknown).
+            return Some(Decision::cost_exceeds_limit(
+                self.limit,
+                self.limit,
+                Duration::ZERO,
+            ));
+        }
+        let d = self
+            .deny_cache
+            .as_ref()?
+            .check(user, cost, Instant::now())?;
+        bump(&self.counters.deny_cache_hits);
+        Some(d)
+    }
+
     fn full_key(&self, user: &[u8]) -> Vec<u8> {
         let mut key = Vec::with_capacity(self.prefix.len() + user.len() + 2);
         key.extend_from_slice(&self.prefix);
@@ -591,22 +610,25 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
     fn check_n(&self, key: &K, cost: u32) -> RedisFuture {
         let inner = &self.inner;
         bump(&inner.counters.decisions);
-        if cost > inner.limit {
-            // It can never pass: no need to ask Redis (remaining and reset unknown).
-            let d = Decision::cost_exceeds_limit(inner.limit, inner.limit, Duration::ZERO);
-            return RedisFuture::ready(Ok(d));
-        }
         let mut user = Vec::new();
         key.write_redis_key(&mut user);
-        if let Some(cache) = &inner.deny_cache {
-            if let Some(d) = cache.check(&user, cost, Instant::now()) {
-                bump(&inner.counters.deny_cache_hits);
-                return RedisFuture::ready(Ok(d));
-            }
+        if let Some(d) = inner.local_answer(&user, cost) {
+            return RedisFuture::ready(Ok(d));
         }
         RedisFuture {
             state: State::Remote(Box::pin(inner.clone().decide(user, cost))),
         }
+    }
+
+    /// Answers without Redis when it can: a cost above the limit, or a key the
+    /// deny cache knows is over its limit. `None` otherwise (nothing counted).
+    fn check_now(&self, key: &K, cost: u32) -> Option<Result<Decision, StoreError>> {
+        let inner = &self.inner;
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        let d = inner.local_answer(&user, cost)?;
+        bump(&inner.counters.decisions);
+        Some(Ok(d))
     }
 
     /// Give the units back in Redis, in a background task (fire and forget),
