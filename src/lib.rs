@@ -69,6 +69,14 @@
 //!
 //! Decisions use a [`Clock`]: [`TokioClock`] (the default) follows tokio's clock, so
 //! tests run on paused time; [`ManualClock`] is set by hand.
+//!
+//! # Feature flags
+//!
+//! - `redis`: `RedisStore`, a [`Store`] in Redis shared by a fleet of instances,
+//!   with the same strict guarantee (one Lua script per decision on Redis' own
+//!   clock, hash-tagged keys that expire by themselves, a timeout with an explicit
+//!   fail-open / fail-closed choice, and a local deny cache). Give it to
+//!   [`SlidingWindowLayerBuilder::store`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
