@@ -125,5 +125,6 @@ pub use store::{Store, StoreError};
 pub use ::redis;
 #[cfg(feature = "redis")]
 pub use redis_store::{
-    FailurePolicy, RedisFuture, RedisKey, RedisStore, RedisStoreBuilder, RedisStoreStats,
+    AsyncConnection, AsyncConnectionHandle, FailurePolicy, RedisFuture, RedisKey, RedisStore,
+    RedisStoreBuilder, RedisStoreStats,
 };

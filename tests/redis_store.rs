@@ -472,6 +472,36 @@ async fn same_trace_never_admits_more_than_the_limit_per_window_in_memory_or_in_
 }
 
 #[tokio::test]
+async fn a_connection_of_your_own_works_like_the_managed_one() {
+    let test = "a_connection_of_your_own_works_like_the_managed_one";
+    let Some(conn) = shared_redis(test).await else {
+        return;
+    };
+    let prefix = unique_prefix(test);
+    let p = policy(3, Duration::from_secs(10), 10);
+    // A bare multiplexed connection (a cluster connection plugs in the same way).
+    let own = RedisStore::builder(p.clone(), FailurePolicy::Closed)
+        .connection(conn.clone())
+        .timeout(Duration::from_secs(2))
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    let managed = store(p.clone(), &prefix);
+    for s in [&own, &managed, &own] {
+        assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
+    }
+    assert!(!own.check_n(&"k", 1).await.unwrap().is_allowed());
+    assert!(!managed.check_n(&"k", 1).await.unwrap().is_allowed());
+    // One or the other, not both.
+    let err = RedisStore::builder(p, FailurePolicy::Closed)
+        .url(&redis_url())
+        .connection(conn)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::Invalid(_)));
+}
+
+#[tokio::test]
 async fn invalid_settings_are_rejected_at_build() {
     let p = || policy(5, Duration::from_secs(1), 10);
     let build = |b: tower_sliding_window::RedisStoreBuilder| b.build().unwrap_err();

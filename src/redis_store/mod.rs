@@ -14,6 +14,8 @@
 //! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
 //! reconnects by itself in the background when Redis returns.
+//! [`RedisStoreBuilder::connection`] takes any other `redis` crate async
+//! connection instead, such as a cluster connection for Redis Cluster.
 
 mod deny_cache;
 mod key;
@@ -131,7 +133,7 @@ struct Inner {
     width_us: u64,
     interpolated: bool,
     prefix: Vec<u8>,
-    conn: ConnectionManager,
+    conn: Connection,
     check: Script,
     undo: Script,
     timeout: Duration,
@@ -148,6 +150,7 @@ pub struct RedisStoreBuilder {
     policy: Policy,
     failure: FailurePolicy,
     client: Option<Result<Client, RedisError>>,
+    connection: Option<Connection>,
     prefix: Option<String>,
     timeout: Duration,
     closed_retry_after: Duration,
@@ -170,6 +173,7 @@ impl RedisStore {
             policy,
             failure,
             client: None,
+            connection: None,
             prefix: None,
             timeout: RedisStore::DEFAULT_TIMEOUT,
             closed_retry_after: RedisStore::DEFAULT_CLOSED_RETRY_AFTER,
@@ -263,6 +267,21 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Decide over a connection of your own instead of a managed one: any cloneable
+    /// `redis` crate async connection. For Redis Cluster, enable the `redis`
+    /// crate's `cluster-async` feature in your own `Cargo.toml` and pass a
+    /// `redis::cluster_async::ClusterConnection`: every key's data lives under one
+    /// hash tag, so each script touches one slot. Reconnecting is then that
+    /// connection's business (the cluster connection does it; a bare
+    /// `MultiplexedConnection` does not).
+    pub fn connection<C>(mut self, connection: C) -> Self
+    where
+        C: AsyncConnection + Clone + Send + Sync + 'static,
+    {
+        self.connection = Some(Connection::Custom(Box::new(connection)));
+        self
+    }
+
     /// Prefix of every Redis key (default `tsw:<policy name>:<window µs>:<buckets>:`,
     /// so policies with other geometries never share a key). It must not contain
     /// `{` or `}`: the key's hash tag follows it.
@@ -314,15 +333,20 @@ impl RedisStoreBuilder {
                 "RedisStore must be built inside a tokio runtime (its connection runs there)",
             ));
         }
-        let client = match self.client {
-            Some(Ok(client)) => client,
-            Some(Err(_)) => return Err(ConfigError::Invalid("invalid Redis URL")),
-            None => {
-                return Err(ConfigError::Invalid(
-                    "RedisStore needs a Redis to talk to: call .url() or .client()",
-                ))
-            }
-        };
+        let client =
+            match (self.client, self.connection.is_some()) {
+                (Some(_), true) => {
+                    return Err(ConfigError::Invalid(
+                        "RedisStore takes either a URL / client or a connection, not both",
+                    ))
+                }
+                (Some(Ok(client)), false) => Some(client),
+                (Some(Err(_)), false) => return Err(ConfigError::Invalid("invalid Redis URL")),
+                (None, true) => None,
+                (None, false) => return Err(ConfigError::Invalid(
+                    "RedisStore needs a Redis to talk to: call .url(), .client() or .connection()",
+                )),
+            };
         if self.timeout.is_zero() {
             return Err(ConfigError::Invalid("RedisStore timeout must be non-zero"));
         }
@@ -365,14 +389,24 @@ impl RedisStoreBuilder {
                 "Redis key prefix must not contain '{' or '}' (the policy name is part of the default prefix; set .prefix())",
             ));
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_min_delay(Duration::from_millis(10).min(self.reconnect_max_delay))
-            .set_max_delay(self.reconnect_max_delay)
-            // Pipelined decisions from many concurrent requests queue here.
-            .set_pipeline_buffer_size(1024);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|_| ConfigError::Invalid("invalid Redis connection settings"))?;
+        let conn = match (client, self.connection) {
+            (Some(client), _) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_min_delay(Duration::from_millis(10).min(self.reconnect_max_delay))
+                    .set_max_delay(self.reconnect_max_delay)
+                    // Pipelined decisions from many concurrent requests queue here.
+                    .set_pipeline_buffer_size(1024);
+                Connection::Managed(
+                    ConnectionManager::new_lazy_with_config(client, config)
+                        .map_err(|_| ConfigError::Invalid("invalid Redis connection settings"))?,
+                )
+            }
+            (None, Some(connection)) => connection,
+            (None, None) => {
+                return Err(ConfigError::Invalid("RedisStore needs a Redis to talk to"))
+            }
+        };
         let inner = Arc::new(Inner {
             deny_cache: (self.deny_cache_capacity > 0)
                 .then(|| DenyCache::new(self.deny_cache_capacity, policy.limit())),
@@ -400,6 +434,81 @@ impl RedisStoreBuilder {
             let _ = warm.inner.load_scripts(BACKGROUND_WARM_UP).await;
         });
         Ok(store)
+    }
+}
+
+/// An async `redis` crate connection a [`RedisStore`] can decide over, given to
+/// [`RedisStoreBuilder::connection`]. Implemented for every cloneable
+/// `redis::aio::ConnectionLike` (a `MultiplexedConnection`, a
+/// `ConnectionManager`, a `cluster_async::ClusterConnection`, …).
+pub trait AsyncConnection: Send + Sync {
+    /// A handle to the same connection, for one request.
+    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle>;
+}
+
+/// One request's handle on an [`AsyncConnection`].
+pub trait AsyncConnectionHandle: ::redis::aio::ConnectionLike + Send {}
+
+impl<C: ::redis::aio::ConnectionLike + Send> AsyncConnectionHandle for C {}
+
+impl<C> AsyncConnection for C
+where
+    C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle> {
+        Box::new(self.clone())
+    }
+}
+
+/// The store's connection: managed (reconnects by itself) or the caller's own.
+enum Connection {
+    Managed(ConnectionManager),
+    Custom(Box<dyn AsyncConnection>),
+}
+
+impl Connection {
+    fn handle(&self) -> Handle {
+        match self {
+            Connection::Managed(conn) => Handle::Managed(conn.clone()),
+            Connection::Custom(conn) => Handle::Custom(conn.clone_box()),
+        }
+    }
+}
+
+/// A per-request handle (the `redis` crate takes connections by `&mut`).
+enum Handle {
+    Managed(ConnectionManager),
+    Custom(Box<dyn AsyncConnectionHandle>),
+}
+
+impl ::redis::aio::ConnectionLike for Handle {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        match self {
+            Handle::Managed(conn) => conn.req_packed_command(cmd),
+            Handle::Custom(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        match self {
+            Handle::Managed(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Handle::Custom(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Handle::Managed(conn) => conn.get_db(),
+            Handle::Custom(conn) => conn.get_db(),
+        }
     }
 }
 
@@ -450,7 +559,7 @@ impl Inner {
     }
 
     async fn load_scripts(&self, timeout: Duration) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.handle();
         let load = async {
             self.check.load_async(&mut conn).await?;
             self.undo.load_async(&mut conn).await
@@ -482,7 +591,7 @@ impl Inner {
         if let Some(now_us) = now_us {
             invocation.arg(now_us);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.handle();
         // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
         let reply =
             tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<i64>>(&mut conn));
@@ -594,7 +703,7 @@ impl Inner {
         bump(&self.counters.undos);
         let mut invocation = self.undo.prepare_invoke();
         invocation.key(self.full_key(&user)).arg(slot).arg(cost);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.handle();
         let reply = tokio::time::timeout(self.timeout, invocation.invoke_async::<i64>(&mut conn));
         match reply.await {
             Ok(Ok(_)) => {}
