@@ -15,7 +15,12 @@ use std::time::{Duration, Instant};
 use tower_sliding_window::redis;
 use tower_sliding_window::{Decision, FailurePolicy, Policy, RedisStore, Store, StoreError};
 
-const TIMEOUT: Duration = Duration::from_millis(50);
+/// The per-call timeout under test. Above the 50 ms default so that a check on a
+/// healthy Redis never times out on a loaded CI machine (which would turn an
+/// "enforced" check into a fail-open pass); the bound under test is the same.
+const TIMEOUT: Duration = Duration::from_millis(200);
+/// How long the stalled Redis holds every command: longer than both bursts.
+const PAUSE_MS: u64 = 1200;
 /// Slack for a loaded machine: far below anything that would count as a hang.
 const MARGIN: Duration = Duration::from_millis(500);
 const CLOSED_RETRY_AFTER: Duration = Duration::from_secs(2);
@@ -101,6 +106,15 @@ async fn wait_until_enforced(
     panic!("decisions not enforced 3 s after Redis returned: {last}");
 }
 
+/// Wait (bounded) until `store` is connected with its scripts loaded.
+async fn warmed(store: RedisStore) -> RedisStore {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = store.warm_up().await {
+        assert!(Instant::now() < deadline, "Redis not ready after 5 s: {e}");
+    }
+    store
+}
+
 /// The fleet limit holds through `store`: 3 allowed, then denied.
 async fn assert_enforced(store: &RedisStore, key: &'static str) {
     for _ in 0..3 {
@@ -138,8 +152,8 @@ async fn killed_redis_fails_open_or_closed_within_the_timeout_then_recovers() {
         return;
     };
     let prefix = unique_prefix(test);
-    let open = store(&server.url(), FailurePolicy::Open, &prefix);
-    let closed = store(&server.url(), FailurePolicy::Closed, &prefix);
+    let open = warmed(store(&server.url(), FailurePolicy::Open, &prefix)).await;
+    let closed = warmed(store(&server.url(), FailurePolicy::Closed, &prefix)).await;
     assert_enforced(&open, "before").await;
 
     server.kill();
@@ -171,17 +185,17 @@ async fn stalled_redis_fails_open_or_closed_within_the_timeout_then_recovers() {
         return;
     };
     let prefix = unique_prefix(test);
-    let open = store(&server.url(), FailurePolicy::Open, &prefix);
-    let closed = store(&server.url(), FailurePolicy::Closed, &prefix);
+    let open = warmed(store(&server.url(), FailurePolicy::Open, &prefix)).await;
+    let closed = warmed(store(&server.url(), FailurePolicy::Closed, &prefix)).await;
     assert_enforced(&open, "before").await;
     assert!(!closed.check_n(&"before", 1).await.unwrap().is_allowed());
 
-    // Redis holds every client's commands for 800 ms.
+    // Redis holds every client's commands for PAUSE_MS.
     let mut admin = server.conn().await;
     let paused_at = Instant::now();
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
-        .arg(800)
+        .arg(PAUSE_MS)
         .query_async(&mut admin)
         .await
         .unwrap();
@@ -192,14 +206,14 @@ async fn stalled_redis_fails_open_or_closed_within_the_timeout_then_recovers() {
         "closed",
     );
     assert!(
-        paused_at.elapsed() < Duration::from_millis(800),
+        paused_at.elapsed() < Duration::from_millis(PAUSE_MS),
         "the bursts must run while Redis is paused"
     );
     assert!(open.stats().timeouts >= 16);
 
     let took = wait_until_enforced(&open, &closed, "probe").await;
     assert!(
-        paused_at.elapsed() < Duration::from_millis(800) + Duration::from_secs(1),
+        paused_at.elapsed() < Duration::from_millis(PAUSE_MS) + Duration::from_secs(1),
         "enforced again {took:?} after the checks resumed"
     );
     assert_enforced(&closed, "after").await;

@@ -85,14 +85,21 @@ pub fn free_port() -> u16 {
 /// fault tests kill, pause and flush it. Killed on drop.
 pub struct RedisServer {
     pub port: u16,
+    extra_args: Vec<String>,
     child: Option<Child>,
 }
 
 impl RedisServer {
     /// Start one, or `None` (after a skip notice) when `redis-server` is missing.
     pub async fn start(test: &str) -> Option<RedisServer> {
+        RedisServer::start_with(test, free_port(), Vec::new()).await
+    }
+
+    /// Start one on `port` with extra `redis-server` arguments.
+    pub async fn start_with(test: &str, port: u16, extra_args: Vec<String>) -> Option<RedisServer> {
         let mut server = RedisServer {
-            port: free_port(),
+            port,
+            extra_args,
             child: None,
         };
         match server.spawn().await {
@@ -112,6 +119,7 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
