@@ -103,6 +103,29 @@ fn bump(counter: &AtomicU64) {
 /// Decisions need a tokio runtime (the connection and the timeout run on it) and
 /// real time: under a paused tokio clock the timeout would fire at once.
 ///
+/// **Time** is Redis' own `TIME` (wall clock, read inside the script), so the
+/// instances' clocks do not matter. If Redis' clock steps back, a key is held at
+/// the newest slot it has entered, as the in-memory ring does, for as long as the
+/// key exists; a key that has already expired has nothing left to protect.
+///
+/// **Failures:** each decision waits at most the [timeout](RedisStoreBuilder::timeout),
+/// connecting included; then, or when Redis is down or answers an error, the
+/// [`FailurePolicy`] decides. A decision that timed out may still be counted by
+/// Redis when it gets to it (the safe side).
+///
+/// **Local deny cache:** when Redis denies `cost` units of a key with
+/// `retry_after` R, this instance denies that key (for `cost` units or more)
+/// locally until R has passed, measured from when the request was sent, so an
+/// abusive client costs Redis nothing while it stays blocked. It only ever
+/// denies what Redis would deny: a key's count can only drop as its buckets
+/// expire, and R is exactly when enough of them have for `cost` to fit (counts
+/// added by other instances meanwhile only make the denial longer). The one
+/// exception is an undo: this instance's own undos drop the key from its cache;
+/// an undo on another instance can end a denial early, which this cache then
+/// outlasts by at most R (the safe side). Memory is bounded by
+/// [`deny_cache`](RedisStoreBuilder::deny_cache) entries; expired ones are swept
+/// when it is full.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
