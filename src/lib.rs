@@ -69,6 +69,14 @@
 //!
 //! Decisions use a [`Clock`]: [`TokioClock`] (the default) follows tokio's clock, so
 //! tests run on paused time; [`ManualClock`] is set by hand.
+//!
+//! # Feature flags
+//!
+//! - `redis`: `RedisStore`, a [`Store`] in Redis shared by a fleet of instances,
+//!   with the same strict guarantee (one Lua script per decision on Redis' own
+//!   clock, hash-tagged keys that expire by themselves, a timeout with an explicit
+//!   fail-open / fail-closed choice, and a local deny cache). Give it to
+//!   [`SlidingWindowLayerBuilder::store`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -82,6 +90,8 @@ mod layer;
 mod limiter;
 mod mode;
 mod policy;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod response;
 mod ring;
 mod service;
@@ -110,3 +120,13 @@ pub use response::RateLimitHeaders;
 pub use service::SlidingWindow;
 pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError};
+
+/// The `redis` crate this store is built on (feature `redis`), for
+/// [`RedisStoreBuilder::client`].
+#[cfg(feature = "redis")]
+pub use ::redis;
+#[cfg(feature = "redis")]
+pub use redis_store::{
+    AsyncConnection, AsyncConnectionHandle, FailurePolicy, RedisFuture, RedisKey, RedisStore,
+    RedisStoreBuilder, RedisStoreStats,
+};

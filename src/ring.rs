@@ -551,6 +551,7 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
         slot: s,
         cost: 0,
         overflow: false,
+        unchecked: false,
     }
 }
 
