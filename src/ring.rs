@@ -484,6 +484,7 @@ impl Ring {
             slot: s,
             cost: 0,
             overflow: false,
+            unchecked: false,
         }
     }
 
@@ -530,6 +531,7 @@ fn admitted_strict(g: &Geometry, used: u64, s: u64, now: u64, cost: u32) -> Deci
         slot: s,
         cost,
         overflow: false,
+        unchecked: false,
     }
 }
 
