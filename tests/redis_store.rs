@@ -637,13 +637,16 @@ async fn the_layer_enforces_a_redis_store_shared_by_two_instances() {
 }
 
 #[test]
-fn building_outside_a_tokio_runtime_does_not_panic() {
-    // No runtime here: the store must not try to spawn its warm-up task.
+fn building_outside_a_tokio_runtime_is_a_clear_error_not_a_panic() {
     let store = RedisStore::builder(
         Policy::per(5, Duration::from_secs(1)).unwrap(),
         FailurePolicy::Closed,
     )
     .url("redis://127.0.0.1:1")
     .build();
-    assert!(store.is_ok());
+    assert!(
+        matches!(store, Err(ConfigError::Invalid(msg)) if msg.contains("tokio runtime")),
+        "{:?}",
+        store.err()
+    );
 }

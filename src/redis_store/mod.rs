@@ -452,13 +452,10 @@ impl RedisStoreBuilder {
         let store = RedisStore { inner };
         // Connect and load the scripts now, in the background, so the first request
         // does not pay for it (the lazy connection only progresses while awaited).
-        // Outside a runtime there is nothing to spawn on: the first request connects.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let warm = store.clone();
-            runtime.spawn(async move {
-                let _ = warm.inner.load_scripts(BACKGROUND_WARM_UP).await;
-            });
-        }
+        let warm = store.clone();
+        tokio::spawn(async move {
+            let _ = warm.inner.load_scripts(BACKGROUND_WARM_UP).await;
+        });
         Ok(store)
     }
 }
