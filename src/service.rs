@@ -48,7 +48,7 @@ pub struct SlidingWindow<
     S,
     K,
     X,
-    St = Limiter<K>,
+    St = Limiter<K, crate::TokioClock>,
     M = HttpRejection,
     Co = UnitCost,
     Ex = NoExemption,
