@@ -635,18 +635,3 @@ async fn the_layer_enforces_a_redis_store_shared_by_two_instances() {
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
 }
-
-#[test]
-fn building_outside_a_tokio_runtime_is_a_clear_error_not_a_panic() {
-    let store = RedisStore::builder(
-        Policy::per(5, Duration::from_secs(1)).unwrap(),
-        FailurePolicy::Closed,
-    )
-    .url("redis://127.0.0.1:1")
-    .build();
-    assert!(
-        matches!(store, Err(ConfigError::Invalid(msg)) if msg.contains("tokio runtime")),
-        "{:?}",
-        store.err()
-    );
-}
