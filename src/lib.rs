@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod backpressure;
 mod clock;
 mod decision;
 mod error;
@@ -41,7 +42,9 @@ mod ring;
 mod stats;
 mod store;
 mod sync;
+mod wait;
 
+pub use backpressure::Backpressure;
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
@@ -50,3 +53,4 @@ pub use limiter::{Limiter, LimiterBuilder};
 pub use policy::{Policy, PolicyBuilder, Precision};
 pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError};
+pub use wait::{Acquire, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected, WaitStats};

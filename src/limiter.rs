@@ -245,6 +245,21 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             .sum()
     }
 
+    /// The policy reduced to integers (for the wait queue's forecast).
+    pub(crate) fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// The slot a check for `key` would run at now, and the units its window holds
+    /// at each age `0..=N` (index = age). Nothing is counted.
+    pub(crate) fn counts_by_age(&self, key: &K, now: u64) -> (u64, Vec<u64>) {
+        let g = &self.geometry;
+        match self.partition(key).get(key) {
+            Some(ring) => ring.counts_by_age(g, now),
+            None => (g.slot(now), vec![0; g.buckets() as usize + 1]),
+        }
+    }
+
     fn partition(&self, key: &K) -> &DashMap<K, Ring, Hasher> {
         let hash = self.partition_hasher.hash_one(key) as usize;
         &self.partitions[hash & (self.partitions.len() - 1)]
