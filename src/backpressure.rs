@@ -3,18 +3,16 @@
 //! A [`Backpressure`] is ready when it holds a reserved unit: an admitted
 //! [`Decision`] that the next `call` spends. While the window is full it waits in
 //! the limit's one FIFO queue (a [`WaitQueues`] with no bounds), so every clone
-//! waiting on the same limit is woken in its turn, each by its own waker; only the
-//! head of the queue holds a timer, set to the exact instant a unit frees. A
-//! reservation that is never spent (the value is dropped) is given back; a clone
-//! starts without one.
+//! waiting on the same limit is woken in its turn, each through its own waker;
+//! only the head of the queue holds a timer, set to the exact instant a unit
+//! frees. A reservation that is never spent (the value is dropped) is given back
+//! and the next waiter is woken to take it; a clone starts without one.
 
 use crate::clock::{Clock, TokioClock};
 use crate::decision::Decision;
 use crate::limiter::Limiter;
-use crate::wait::{Acquire, WaitConfig, WaitQueues, WaitRejected};
+use crate::wait::{Reservation, WaitConfig, WaitQueues, WaitRejected};
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -28,6 +26,7 @@ use std::task::{Context, Poll};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
+/// // 1 per 1.5 s, in 15 buckets of 100 ms.
 /// let limiter = Arc::new(Limiter::new(Policy::per(1, Duration::from_millis(1500)).unwrap()).unwrap());
 /// let mut ready = Backpressure::new(limiter);
 /// poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
@@ -41,14 +40,7 @@ use std::task::{Context, Poll};
 /// # }
 /// ```
 pub struct Backpressure<C: Clock = TokioClock> {
-    queue: Arc<WaitQueues<(), C>>,
-    state: State<C>,
-}
-
-enum State<C: Clock> {
-    Idle,
-    Waiting(Acquire<(), C>),
-    Reserved(Decision),
+    reservation: Reservation<(), WaitQueues<(), C>>,
 }
 
 impl<C: Clock> Backpressure<C> {
@@ -62,39 +54,27 @@ impl<C: Clock> Backpressure<C> {
     /// one queue for the FIFO order to span them all).
     pub fn with_queue(queue: Arc<WaitQueues<(), C>>) -> Self {
         Backpressure {
-            queue,
-            state: State::Idle,
+            reservation: Reservation::new(queue, ()),
         }
     }
 
     /// The queue this holder waits in.
     pub fn queue(&self) -> &Arc<WaitQueues<(), C>> {
-        &self.queue
+        self.reservation.gate()
     }
 
     /// Ready once a unit is reserved for this holder; `Pending` (woken by a timer
     /// at the instant a unit frees, or when the holders ahead are served) until
     /// then. An error only for a queue with bounds (see [`WaitConfig`]).
     pub fn poll_reserve(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WaitRejected>> {
-        loop {
-            match &mut self.state {
-                State::Reserved(_) => return Poll::Ready(Ok(())),
-                State::Idle => self.state = State::Waiting(self.queue.acquire((), 1)),
-                State::Waiting(waiter) => match Pin::new(waiter).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(unit)) => self.state = State::Reserved(unit),
-                    Poll::Ready(Err(rejected)) => {
-                        self.state = State::Idle;
-                        return Poll::Ready(Err(rejected));
-                    }
-                },
-            }
-        }
+        self.reservation
+            .poll_reserve(cx)
+            .map_err(WaitRejected::from)
     }
 
     /// True when a unit is reserved.
     pub fn is_reserved(&self) -> bool {
-        matches!(self.state, State::Reserved(_))
+        self.reservation.is_reserved()
     }
 
     /// Spend the reservation (for `call`). A unit counted in an earlier bucket is
@@ -103,45 +83,23 @@ impl<C: Clock> Backpressure<C> {
     /// waiting or none is free, in which case this returns `None` and the caller
     /// must wait its turn (or reject). `None` as well without a reservation.
     pub fn take(&mut self) -> Option<Decision> {
-        let State::Reserved(unit) = std::mem::replace(&mut self.state, State::Idle) else {
-            return None;
-        };
-        let limiter = self.queue.limiter();
-        let now_slot = limiter.geometry().slot(limiter.clock().now_nanos());
-        if unit.slot >= now_slot {
-            return Some(unit);
-        }
-        self.queue.release(&(), &unit);
-        let renewal = self.queue.acquire((), 1);
-        // Dropping a renewal that has to wait leaves the queue.
-        renewal.decided().and_then(Result::ok)
+        self.reservation.take()
     }
 }
 
 impl<C: Clock> Clone for Backpressure<C> {
     /// A clone shares the limit and its queue but starts without a reservation.
     fn clone(&self) -> Self {
-        Backpressure::with_queue(Arc::clone(&self.queue))
-    }
-}
-
-impl<C: Clock> Drop for Backpressure<C> {
-    fn drop(&mut self) {
-        if let State::Reserved(unit) = self.state {
-            self.queue.release(&(), &unit);
+        Backpressure {
+            reservation: self.reservation.clone(),
         }
     }
 }
 
 impl<C: Clock> fmt::Debug for Backpressure<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.state {
-            State::Idle => "idle",
-            State::Waiting(_) => "waiting",
-            State::Reserved(_) => "reserved",
-        };
         f.debug_struct("Backpressure")
-            .field("state", &state)
+            .field("reserved", &self.is_reserved())
             .finish_non_exhaustive()
     }
 }

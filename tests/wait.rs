@@ -15,7 +15,7 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn queues<K: std::hash::Hash + Eq + Clone>(
+fn queues<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
     limit: u32,
     max_wait: Duration,
     max_queue: usize,
