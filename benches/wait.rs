@@ -99,6 +99,28 @@ fn naive(keys: u32, per_key: u32, limit: u32) -> Run {
     })
 }
 
+/// The floor: the same number of tasks, each admitted by one `check_n` (no wait).
+fn spawned_checks(keys: u32, per_key: u32) -> f64 {
+    let rt = runtime();
+    rt.block_on(async {
+        let limiter = limiter(u32::MAX / 2);
+        let started = Instant::now();
+        let mut tasks = Vec::with_capacity((keys * per_key) as usize);
+        for _ in 0..per_key {
+            for key in 0..keys {
+                let limiter = limiter.clone();
+                tasks.push(tokio::spawn(async move {
+                    assert!(limiter.check_n(&key, 1).is_allowed());
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        started.elapsed().as_nanos() as f64 / (keys * per_key) as f64
+    })
+}
+
 /// `acquire` on a key without waiters (admitted at once) against a bare `check_n`.
 fn fast_path(iters: u32) -> (f64, f64) {
     let rt = runtime();
@@ -144,6 +166,7 @@ fn main() {
             median(q.iter().map(|r| r.nanos_per_waiter).collect()),
             median(n.iter().map(|r| r.nanos_per_waiter).collect()),
         );
+        let floor = median((0..reps).map(|_| spawned_checks(keys, per_key)).collect());
         let name = format!("{keys} key(s) x {per_key}, limit {limit}");
         println!(
             "{:<34} {:>14.0} {:>14.3} {:>8.2}x",
@@ -158,6 +181,14 @@ fn main() {
             nt,
             n[0].timers_per_waiter,
             "1.00x"
+        );
+        println!(
+            "{:<34} {:>14.0} {:>14} {:>8.2}x   (queue overhead over this floor: {:.0} ns/waiter)",
+            "floor: spawn + one check_n",
+            floor,
+            "-",
+            floor / nt,
+            qt - floor
         );
     }
     let iters = if quick { 100_000 } else { 1_000_000 };

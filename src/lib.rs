@@ -54,3 +54,5 @@ pub use policy::{Policy, PolicyBuilder, Precision};
 pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError};
 pub use wait::{Acquire, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected, WaitStats};
+#[doc(hidden)]
+pub use wait::{LocalStore, WindowSnapshot};

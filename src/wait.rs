@@ -183,6 +183,43 @@ pub struct WaitStats {
     pub keys_waiting: usize,
 }
 
+/// A store that decides in-process, such as the in-memory [`Limiter`]: what
+/// waiting needs from a store (an answer without awaiting, and the window's
+/// bucket counts for the forecast). Remote stores cannot wait this way.
+#[doc(hidden)]
+pub trait LocalStore<K>: Send + Sync {
+    /// Check `cost` units for `key` now, counting them if they fit.
+    fn check_n(&self, key: &K, cost: u32) -> Decision;
+    /// Give back what an allowed decision counted.
+    fn undo(&self, key: &K, decision: &Decision);
+    /// The key's window now, bucket by bucket (nothing counted).
+    fn window_snapshot(&self, key: &K) -> WindowSnapshot;
+    /// True while `decision` was counted in the current bucket.
+    fn is_current(&self, decision: &Decision) -> bool;
+}
+
+impl<K, C> LocalStore<K> for Limiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    C: Clock,
+{
+    fn check_n(&self, key: &K, cost: u32) -> Decision {
+        Limiter::check_n(self, key, cost)
+    }
+
+    fn undo(&self, key: &K, decision: &Decision) {
+        Limiter::undo(self, key, decision)
+    }
+
+    fn window_snapshot(&self, key: &K) -> WindowSnapshot {
+        Limiter::window_snapshot(self, key)
+    }
+
+    fn is_current(&self, decision: &Decision) -> bool {
+        Limiter::is_current(self, decision)
+    }
+}
+
 /// The waiting queues of one limiter: FIFO per key, bounded by a [`WaitConfig`].
 ///
 /// Share it in an `Arc`; [`acquire`](WaitQueues::acquire) returns a future that
