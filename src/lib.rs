@@ -48,7 +48,9 @@ pub use backpressure::Backpressure;
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
-pub use extract::{GlobalKey, KeyExtractor};
+pub use extract::{
+    ClientIp, GlobalKey, HeaderKey, IpNet, IpNetParseError, KeyExtractor, PeerIp, ProxyHeader,
+};
 pub use limiter::{Limiter, LimiterBuilder};
 pub use policy::{Policy, PolicyBuilder, Precision};
 pub use stats::{KeyUsage, Stats};
