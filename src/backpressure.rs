@@ -40,7 +40,7 @@ use std::task::{Context, Poll};
 /// # }
 /// ```
 pub struct Backpressure<C: Clock = TokioClock> {
-    reservation: Reservation<(), WaitQueues<(), C>>,
+    reservation: Reservation<(), WaitQueues<(), C>, Decision>,
 }
 
 impl<C: Clock> Backpressure<C> {

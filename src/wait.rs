@@ -358,7 +358,7 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    waiter: Waiter<K, WaitQueues<K, C>>,
+    waiter: Waiter<K, WaitQueues<K, C>, Decision>,
 }
 
 impl<K, C> Acquire<K, C>

@@ -223,11 +223,15 @@ fn forecast<'q, K, G: Gate<K>>(
     })
 }
 
-/// A request's place in its key's queue, generic over the gate.
-pub(crate) struct Waiter<K: Hash + Eq + Clone, G: Gate<K>> {
+/// A request's place in its key's queue, generic over the gate; `A` is the
+/// gate's `Admitted`. No bounds on the type itself, so services can hold one
+/// without repeating the gate's bounds: the drop hook is a plain function
+/// pointer chosen in [`Waiter::new`].
+pub(crate) struct Waiter<K, G, A> {
     gate: Arc<G>,
     key: K,
-    state: WaiterState<G::Admitted>,
+    state: WaiterState<A>,
+    cancel: fn(&G, &K, u64),
 }
 
 enum WaiterState<A> {
@@ -240,14 +244,21 @@ enum WaiterState<A> {
     },
 }
 
-impl<K: Hash + Eq + Clone, G: Gate<K>> Waiter<K, G> {
+impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Waiter<K, G, A> {
     /// Join `key`'s queue now (arrival order is the order of these calls), or be
     /// admitted or rejected now.
     pub(crate) fn new(gate: Arc<G>, key: K, cost: u32) -> Self {
         let state = enqueue(&*gate, &key, cost);
-        Waiter { gate, key, state }
+        Waiter {
+            gate,
+            key,
+            state,
+            cancel: cancel::<K, G>,
+        }
     }
+}
 
+impl<K, G, A: Copy> Waiter<K, G, A> {
     pub(crate) fn expected_admission(&self) -> Option<Instant> {
         match self.state {
             WaiterState::Waiting { expected, .. } => expected,
@@ -260,7 +271,7 @@ impl<K: Hash + Eq + Clone, G: Gate<K>> Waiter<K, G> {
     }
 
     /// The outcome, once decided (on arrival or since).
-    pub(crate) fn decided(&self) -> Option<Result<G::Admitted, Rejection>> {
+    pub(crate) fn decided(&self) -> Option<Result<A, Rejection>> {
         match &self.state {
             WaiterState::Done(result) => Some(*result),
             WaiterState::Waiting { .. } => None,
@@ -601,10 +612,10 @@ fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
 }
 
 // No field is structurally pinned: the timer is boxed.
-impl<K: Hash + Eq + Clone, G: Gate<K>> Unpin for Waiter<K, G> {}
+impl<K, G, A> Unpin for Waiter<K, G, A> {}
 
-impl<K: Hash + Eq + Clone, G: Gate<K>> Future for Waiter<K, G> {
-    type Output = Result<G::Admitted, Rejection>;
+impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Future for Waiter<K, G, A> {
+    type Output = Result<A, Rejection>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -643,39 +654,38 @@ impl<K: Hash + Eq + Clone, G: Gate<K>> Future for Waiter<K, G> {
     }
 }
 
-impl<K: Hash + Eq + Clone, G: Gate<K>> Drop for Waiter<K, G> {
+impl<K, G, A> Drop for Waiter<K, G, A> {
     fn drop(&mut self) {
         if let WaiterState::Waiting { id, .. } = self.state {
-            cancel(&*self.gate, &self.key, id);
+            (self.cancel)(&self.gate, &self.key, id);
         }
     }
 }
 
 /// Readiness against a gate: a reserved admission held for the next use, or a
 /// place in the queue while waiting for one. The primitive behind `poll_ready`.
-pub(crate) struct Reservation<K: Hash + Eq + Clone, G: Gate<K>> {
+/// Like [`Waiter`], the type has no bounds; its drop hook is set in `new`.
+pub(crate) struct Reservation<K, G, A> {
     gate: Arc<G>,
     key: K,
-    state: ReservationState<K, G>,
+    state: ReservationState<K, G, A>,
+    release: fn(&G, &K, &A),
 }
 
-enum ReservationState<K: Hash + Eq + Clone, G: Gate<K>> {
+enum ReservationState<K, G, A> {
     Idle,
-    Waiting(Waiter<K, G>),
-    Reserved(G::Admitted),
+    Waiting(Waiter<K, G, A>),
+    Reserved(A),
 }
 
-impl<K: Hash + Eq + Clone, G: Gate<K>> Reservation<K, G> {
+impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Reservation<K, G, A> {
     pub(crate) fn new(gate: Arc<G>, key: K) -> Self {
         Reservation {
             gate,
             key,
             state: ReservationState::Idle,
+            release: release::<K, G>,
         }
-    }
-
-    pub(crate) fn gate(&self) -> &Arc<G> {
-        &self.gate
     }
 
     /// Ready once one unit is reserved.
@@ -689,7 +699,9 @@ impl<K: Hash + Eq + Clone, G: Gate<K>> Reservation<K, G> {
                 }
                 ReservationState::Waiting(waiter) => match Pin::new(waiter).poll(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(admitted)) => self.state = ReservationState::Reserved(admitted),
+                    Poll::Ready(Ok(admitted)) => {
+                        self.state = ReservationState::Reserved(admitted)
+                    }
                     Poll::Ready(Err(rejection)) => {
                         self.state = ReservationState::Idle;
                         return Poll::Ready(Err(rejection));
@@ -699,14 +711,10 @@ impl<K: Hash + Eq + Clone, G: Gate<K>> Reservation<K, G> {
         }
     }
 
-    pub(crate) fn is_reserved(&self) -> bool {
-        matches!(self.state, ReservationState::Reserved(_))
-    }
-
     /// Spend the reservation. One recorded in an earlier bucket is renewed
     /// first (spending it later could put more than the limit in some window):
     /// given back, and a unit taken now, unless others wait or none is free.
-    pub(crate) fn take(&mut self) -> Option<G::Admitted> {
+    pub(crate) fn take(&mut self) -> Option<A> {
         let ReservationState::Reserved(admitted) =
             std::mem::replace(&mut self.state, ReservationState::Idle)
         else {
@@ -721,25 +729,40 @@ impl<K: Hash + Eq + Clone, G: Gate<K>> Reservation<K, G> {
             .decided()
             .and_then(Result::ok)
     }
+}
+
+impl<K, G, A> Reservation<K, G, A> {
+    pub(crate) fn gate(&self) -> &Arc<G> {
+        &self.gate
+    }
+
+    pub(crate) fn is_reserved(&self) -> bool {
+        matches!(self.state, ReservationState::Reserved(_))
+    }
 
     /// Give the reservation back unused (the holder will not call).
     pub(crate) fn cancel(&mut self) {
         if let ReservationState::Reserved(admitted) =
             std::mem::replace(&mut self.state, ReservationState::Idle)
         {
-            release(&*self.gate, &self.key, &admitted);
+            (self.release)(&self.gate, &self.key, &admitted);
         }
     }
 }
 
-impl<K: Hash + Eq + Clone, G: Gate<K>> Clone for Reservation<K, G> {
+impl<K: Clone, G, A> Clone for Reservation<K, G, A> {
     /// A clone shares the gate and its queue but starts without a reservation.
     fn clone(&self) -> Self {
-        Reservation::new(Arc::clone(&self.gate), self.key.clone())
+        Reservation {
+            gate: Arc::clone(&self.gate),
+            key: self.key.clone(),
+            state: ReservationState::Idle,
+            release: self.release,
+        }
     }
 }
 
-impl<K: Hash + Eq + Clone, G: Gate<K>> Drop for Reservation<K, G> {
+impl<K, G, A> Drop for Reservation<K, G, A> {
     fn drop(&mut self) {
         self.cancel();
     }
