@@ -99,6 +99,45 @@ fn naive(keys: u32, per_key: u32, limit: u32) -> Run {
     })
 }
 
+/// A hand-rolled FIFO for comparison: tokio's fair `Semaphore`, refilled with
+/// `limit` permits per key every 1.6 s by one timer task (a fixed window, with no
+/// sliding-window guarantee and no bound on the wait).
+fn semaphore(keys: u32, per_key: u32, limit: u32) -> f64 {
+    let rt = runtime();
+    rt.block_on(async {
+        let sems: Vec<Arc<tokio::sync::Semaphore>> = (0..keys)
+            .map(|_| Arc::new(tokio::sync::Semaphore::new(limit as usize)))
+            .collect();
+        let refill = {
+            let sems = sems.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(1600)).await;
+                    for s in &sems {
+                        s.add_permits(limit as usize);
+                    }
+                }
+            })
+        };
+        let started = Instant::now();
+        let mut tasks = Vec::with_capacity((keys * per_key) as usize);
+        for _ in 0..per_key {
+            for sem in &sems {
+                let sem = sem.clone();
+                tasks.push(tokio::spawn(async move {
+                    sem.acquire().await.unwrap().forget();
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let elapsed = started.elapsed();
+        refill.abort();
+        elapsed.as_nanos() as f64 / (keys * per_key) as f64
+    })
+}
+
 /// The floor: the same number of tasks, each admitted by one `check_n` (no wait).
 fn spawned_checks(keys: u32, per_key: u32) -> f64 {
     let rt = runtime();
@@ -153,6 +192,13 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--profile-queue") {
+        // For `perf record`: the queued scenario alone.
+        for _ in 0..20 {
+            queued(1, 2_000, 50);
+        }
+        return;
+    }
     let reps = if quick { 3 } else { 7 };
     println!("wait path (paused tokio clock; median of {reps} runs)");
     println!(
@@ -167,6 +213,7 @@ fn main() {
             median(n.iter().map(|r| r.nanos_per_waiter).collect()),
         );
         let floor = median((0..reps).map(|_| spawned_checks(keys, per_key)).collect());
+        let sem = median((0..reps).map(|_| semaphore(keys, per_key, limit)).collect());
         let name = format!("{keys} key(s) x {per_key}, limit {limit}");
         println!(
             "{:<34} {:>14.0} {:>14.3} {:>8.2}x",
@@ -181,6 +228,13 @@ fn main() {
             nt,
             n[0].timers_per_waiter,
             "1.00x"
+        );
+        println!(
+            "{:<34} {:>14.0} {:>14} {:>8.2}x",
+            "tokio Semaphore refilled by a timer",
+            sem,
+            "-",
+            sem / nt
         );
         println!(
             "{:<34} {:>14.0} {:>14} {:>8.2}x   (queue overhead over this floor: {:.0} ns/waiter)",

@@ -30,15 +30,32 @@
 //! queue is the key's only user (every request for the key goes through it), the
 //! forecast is the admission instant the queue then produces: exactly on tokio's
 //! paused clock when bucket boundaries fall on whole milliseconds (tokio's timers
-//! round a deadline up to the next millisecond); on a running clock a waiter is admitted when its timer
-//! fires, at most tokio's 1 ms timer resolution (plus scheduling delay) later.
+//! round a deadline up to the next millisecond); on a running clock a waiter is
+//! admitted when its timer fires, at most tokio's 1 ms timer resolution (plus
+//! scheduling delay) later.
 //! The forecast is amortised O(1) per request (O(N) for N buckets); it is rebuilt
 //! from the ring, O(queue + N), after a cancellation or when an admission strays
 //! from it (checks for the key from outside the queue, a late timer). In
 //! [`Precision::Interpolated`](crate::Precision::Interpolated) mode the forecast
-//! is the strict one, an upper bound. A waiter whose turn comes later than its
-//! bound anyway (outside traffic) is rejected when it reaches the head of its
-//! queue.
+//! is the strict one, an upper bound (interpolation only ever admits earlier). A
+//! waiter whose turn comes later than its bound anyway (outside traffic) is
+//! rejected when it reaches the head of its queue.
+//!
+//! # Several policies
+//!
+//! The tower layer's waiting modes ([`OnLimit::Wait`](crate::OnLimit::Wait)) wait
+//! on all of a layer's policies at once, all-or-nothing: the forecast replays each
+//! policy's window and admits a request at the earliest instant all of them
+//! allow, and the head sleeps until the longest of the policies' waits.
+//!
+//! # Requirements and memory
+//!
+//! Waits are tokio timers, so the limiter's clock must follow tokio's
+//! ([`TokioClock`], the default). As with any future, a waiter must be polled
+//! for its queue to move: the head is the only waiter with a timer. A waiting
+//! key costs one map entry holding its waiters (at most `max_queue`) and, with a
+//! `max_wait`, a forecast of at most N + 1 buckets per policy; the entry is
+//! removed when its last waiter leaves.
 //!
 //! # Cancellation
 //!

@@ -300,11 +300,6 @@ fn decided<K, G: Gate<K>>(
     }
 }
 
-/// A denial the queue can wait on (not a cost above a limit).
-fn waitable(result: &Result<impl Sized, Denied>) -> bool {
-    matches!(result, Err(d) if d.decision.retry_after().is_some())
-}
-
 fn enqueue<K: Hash + Eq + Clone, G: Gate<K>>(
     gate: &G,
     key: &K,
@@ -312,14 +307,15 @@ fn enqueue<K: Hash + Eq + Clone, G: Gate<K>>(
 ) -> WaiterState<G::Admitted> {
     let queues = gate.queues();
     // Fast path: no queue for this key, so a plain check decides.
+    let mut denial = None;
     if !queues.map.contains_key(key) {
-        let result = gate.try_admit(key, cost);
-        if !waitable(&result) {
-            return decided(gate, result);
+        match gate.try_admit(key, cost) {
+            Err(d) if d.decision.retry_after().is_some() => denial = Some(d),
+            result => return decided(gate, result),
         }
     }
     let mut q = queues.map.entry(key.clone()).or_default();
-    let outcome = join(gate, key, cost, &mut q);
+    let outcome = join(gate, key, cost, &mut q, denial);
     drop(q);
     match outcome {
         Joined::Waiting { id, expected } => WaiterState::Waiting {
@@ -353,16 +349,20 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
     key: &K,
     cost: u32,
     q: &mut KeyQueue<G::Admitted>,
+    mut denial: Option<Denied>,
 ) -> Joined<G::Admitted> {
     let counters = &gate.queues().counters;
     let config = gate.queues().config;
-    let mut denial = None;
     if q.waiting == 0 {
-        // Re-check under the queue's lock: a head may have just left.
-        match gate.try_admit(key, cost) {
-            Err(d) if d.decision.retry_after().is_some() => denial = Some(d),
-            Ok(admitted) => return Joined::Decided(Ok(admitted)),
-            Err(d) => return Joined::Decided(Err(Ok(d))),
+        // Nobody to queue behind: the fast path's denial stands (if the window
+        // freed up since, the head's first poll admits it at once); without one,
+        // a head has just left, so check again.
+        if denial.is_none() {
+            match gate.try_admit(key, cost) {
+                Err(d) if d.decision.retry_after().is_some() => denial = Some(d),
+                Ok(admitted) => return Joined::Decided(Ok(admitted)),
+                Err(d) => return Joined::Decided(Err(Ok(d))),
+            }
         }
         q.forecast = None;
     }
