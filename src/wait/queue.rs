@@ -120,6 +120,9 @@ struct Entry<A> {
     forecast: Option<u64>,
     /// Past this instant the waiter is rejected rather than admitted.
     give_up_at: Option<Instant>,
+    /// When the head's cost fits, as of its last denial: the head sleeps until
+    /// then without checking again. Cleared by anything that frees units.
+    fits_at: Option<Instant>,
 }
 
 #[derive(Clone, Copy)]
@@ -143,6 +146,7 @@ impl<A> KeyQueue<A> {
     /// head left).
     fn head_waker(&mut self) -> Option<Waker> {
         let h = self.head()?;
+        self.entries[h].fits_at = None;
         self.entries[h].waker.take()
     }
 }
@@ -425,6 +429,7 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
         })));
     }
     let id = q.next_id;
+    let head = q.waiting == 0;
     q.next_id += 1;
     q.waiting += 1;
     q.entries.push_back(Entry {
@@ -434,6 +439,11 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
         waker: None,
         forecast: fingerprint,
         give_up_at: config.max_wait.map(|m| now + m),
+        // As head at once, it sleeps on its arrival's denial without checking again.
+        fits_at: denial
+            .filter(|_| head)
+            .and_then(|d| d.decision.retry_after())
+            .map(|wait| now + wait),
     });
     Joined::Waiting { id, expected }
 }
@@ -480,6 +490,15 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
         set_waker(&mut q.entries[i].waker, cx);
         return Step::Pending;
     }
+    // Nothing freed since the last denial: keep sleeping without checking.
+    let e = &mut q.entries[i];
+    let now = Instant::now();
+    if let Some(fits_at) = e.fits_at {
+        if fits_at > now && e.give_up_at.map_or(true, |g| fits_at <= g) {
+            set_waker(&mut e.waker, cx);
+            return Step::SleepUntil(fits_at);
+        }
+    }
     let denial = pump(gate, key, q, id, wake);
     if let State::Admitted(admitted) = q.entries[i].state {
         q.entries.remove(i);
@@ -489,7 +508,6 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
         // Unreachable: the head was neither admitted nor denied.
         return Step::Ready(Err(lost()));
     };
-    let now = Instant::now();
     let (deadline, give_up) = match denied.decision.retry_after() {
         Some(wait) => {
             let deadline = now + wait;
@@ -543,7 +561,10 @@ fn pump<K: Hash + Eq + Clone, G: Gate<K>>(
         }
         let admitted = match result {
             Ok(admitted) => admitted,
-            Err(denied) => return Some(denied),
+            Err(denied) => {
+                e.fits_at = denied.decision.retry_after().map(|w| Instant::now() + w);
+                return Some(denied);
+            }
         };
         if e.forecast != Some(gate.fingerprint(&admitted)) {
             *forecast = None; // reality strayed from the forecast: rebuild it
