@@ -8,7 +8,8 @@ use std::time::Duration;
 ///
 /// The limiter only needs differences, so the origin is arbitrary. A clock that
 /// steps backwards (a [`ManualClock`] set back, say) is tolerated: each key's
-/// time is held at the newest slot it has seen until the clock passes it again,
+/// time is held at the newest slot it has seen until the clock passes it again
+/// (a key evicted while idle restarts no earlier than the sweep that evicted it),
 /// so nothing counted is ever forgotten early and nothing underflows.
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds since this clock's origin.

@@ -14,6 +14,48 @@
 //! assert_eq!(decision.remaining(), 99);
 //! ```
 //!
+//! # The tower layer
+//!
+//! [`SlidingWindowLayer`] puts the limiter in front of any tower service: axum,
+//! hyper, tonic, or a service of your own request type. Its limiters are created
+//! when the layer is built, so every clone and every connection shares them.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{body::Body, routing::get, Router};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_sliding_window::{Policy, SlidingWindowLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 2 requests per minute per API key.
+//! let api_key = |req: &Request<Body>| {
+//!     req.headers().get("x-api-key").map(|v| v.as_bytes().to_vec())
+//! };
+//! let layer = SlidingWindowLayer::new(Policy::per(2, Duration::from_secs(60))?, api_key)?;
+//! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+//!
+//! let call = || {
+//!     let req = Request::get("/").header("x-api-key", "k1").body(Body::empty()).unwrap();
+//!     app.clone().oneshot(req)
+//! };
+//! assert_eq!(call().await?.status(), StatusCode::OK);
+//! // t: seconds until the window drains (strict mode: a window plus one bucket).
+//! assert_eq!(call().await?.headers()["ratelimit"], r#""default";r=0;t=64"#);
+//! let limited = call().await?;
+//! assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert!(limited.headers().contains_key("retry-after"));
+//! # Ok(()) }
+//! ```
+//!
+//! Over the limit, an HTTP request gets 429 with `Retry-After` and the IETF
+//! `RateLimit` / `RateLimit-Policy` fields; a gRPC request gets a trailers-only
+//! `grpc-status: 8` (RESOURCE_EXHAUSTED); a request of any other type, through
+//! [`reject_with_errors`](SlidingWindowLayerBuilder::reject_with_errors), gets a
+//! [`RateLimited`] error. See [`SlidingWindowLayerBuilder`] for several policies,
+//! request costs, exemptions, dry runs and remote [`Store`]s.
+//!
 //! # The precision guarantee
 //!
 //! In [`Precision::Strict`] mode (the default), **no interval of length `window`
@@ -36,9 +78,14 @@ mod clock;
 mod decision;
 mod error;
 mod extract;
+pub mod future;
+mod layer;
 mod limiter;
+mod mode;
 mod policy;
+mod response;
 mod ring;
+mod service;
 mod stats;
 mod store;
 mod sync;
@@ -47,12 +94,21 @@ mod wait;
 pub use backpressure::Backpressure;
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
-pub use error::ConfigError;
+pub use error::{ConfigError, KeyMissing, RateLimited};
 pub use extract::{
     ClientIp, GlobalKey, HeaderKey, IpNet, IpNetParseError, KeyExtractor, PeerIp, ProxyHeader,
 };
+pub use layer::{
+    Exemption, LayerStats, MissingKey, NoExemption, OnLimit, RequestCost, SlidingWindowLayer,
+    SlidingWindowLayerBuilder, UnitCost, MAX_POLICIES,
+};
 pub use limiter::{Limiter, LimiterBuilder};
+pub use mode::{
+    DefaultResponse, ErrorRejection, HttpRejection, ModeConfig, RejectResponse, RejectionMode,
+};
 pub use policy::{Policy, PolicyBuilder, Precision};
+pub use response::RateLimitHeaders;
+pub use service::SlidingWindow;
 pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError};
 pub use wait::{Acquire, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected, WaitStats};

@@ -11,7 +11,7 @@ use crate::wait::WindowSnapshot;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -35,7 +35,9 @@ const SHARDS_PER_PARTITION: usize = 4;
 /// overflow ring (same policy) with every other untracked key. Tracked keys are
 /// never evicted while they hold counts in the window, so flooding the limiter with
 /// new keys can never erase, and so reset, a heavy user's count. The flood only
-/// competes with itself (and with other new keys) in the overflow ring.
+/// competes with itself (and with other new keys) in the overflow ring. While that
+/// ring holds units in the window, new keys keep going to it even if room frees
+/// up, so no key ever leaves it for a fresh ring with units still in its window.
 ///
 /// ```
 /// use std::time::Duration;
@@ -66,6 +68,14 @@ pub struct Limiter<K, C = TokioClock> {
     keys: AtomicUsize,
     next_sweep_slot: AtomicU64,
     sweep_cursor: AtomicUsize,
+    /// The newest clock reading any sweep judged idleness at. A ring created after
+    /// its key was evicted starts no earlier, so a check that read the clock before
+    /// the eviction (or a clock that stepped back) is never recorded in a span
+    /// beside the evicted units, which the new ring cannot see.
+    swept_at: AtomicU64,
+    /// The first slot at which every unit admitted by the overflow ring so far has
+    /// left the window. New keys are tracked only from then on.
+    overflow_drained_at: AtomicU64,
     evicted: AtomicU64,
     overflowed: AtomicU64,
     counters: Counters,
@@ -128,6 +138,8 @@ impl<C> LimiterBuilder<C> {
             keys: AtomicUsize::new(0),
             next_sweep_slot: AtomicU64::new(geometry.slot(now) + 1),
             sweep_cursor: AtomicUsize::new(0),
+            swept_at: AtomicU64::new(now),
+            overflow_drained_at: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             overflowed: AtomicU64::new(0),
             counters: Counters::default(),
@@ -283,20 +295,40 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         if let Some(ring) = partition.get(key) {
             return ring.acquire(g, now, cost);
         }
-        if !self.reserve_key(now) {
-            self.overflowed.fetch_add(1, Relaxed);
-            let mut d = self.overflow.acquire(g, now, cost);
-            d.overflow = true;
-            return d;
-        }
-        match partition.entry(key.clone()) {
-            Entry::Occupied(ring) => {
-                // Another thread inserted it first: give the reservation back.
-                self.keys.fetch_sub(1, Relaxed);
-                ring.get().acquire(g, now, cost)
+        if self.reserve_key(now) {
+            match partition.entry(key.clone()) {
+                Entry::Occupied(ring) => {
+                    // Another thread inserted it first: give the reservation back.
+                    self.keys.fetch_sub(1, Relaxed);
+                    return ring.get().acquire(g, now, cost);
+                }
+                Entry::Vacant(slot) => {
+                    // Under the shard's write lock: a sweep that removed this key
+                    // published `swept_at` before taking the lock, so we see it.
+                    let start = now.max(self.swept_at.load(SeqCst));
+                    // While the overflow ring may hold this key's units, a fresh
+                    // ring would let the key through twice: stay in the overflow.
+                    if g.slot(start) >= self.overflow_drained_at.load(SeqCst) {
+                        return slot.insert(Ring::new(g, start)).acquire(g, now, cost);
+                    }
+                    self.keys.fetch_sub(1, Relaxed);
+                }
             }
-            Entry::Vacant(slot) => slot.insert(Ring::new(g, now)).acquire(g, now, cost),
         }
+        self.overflowed.fetch_add(1, Relaxed);
+        let mut d = self.overflow.acquire(g, now, cost);
+        d.overflow = true;
+        if d.is_allowed() {
+            self.overflow_drained_at
+                .fetch_max(d.slot + g.span_slots(), SeqCst);
+            // A racing check may have tracked the key before seeing the line above:
+            // then count these units in the key's own ring instead.
+            if let Some(ring) = partition.get(key) {
+                self.overflow.undo(g, &d);
+                return ring.acquire(g, now, cost);
+            }
+        }
+        d
     }
 
     /// Reserve room for one more key, sweeping one partition if the cap is reached.
@@ -337,6 +369,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let partition = &self.partitions[p];
         let g = &self.geometry;
         let mut removed = 0;
+        self.swept_at.fetch_max(now, SeqCst);
         // `retain` holds each shard's write lock, so no check runs inside a ring
         // while it is judged idle and dropped.
         partition.retain(|_, ring| {
@@ -449,6 +482,111 @@ mod tests {
         assert_eq!((s.admitted, s.rejected, s.keys_tracked), (2, 3, 1));
         let u = l.usage(&7);
         assert_eq!((u.used, u.remaining, u.limit), (2, 0, 2));
+    }
+
+    #[test]
+    fn clock_going_backwards_after_eviction_never_recounts_a_window() {
+        let (l, clock) = limiter(2, 10);
+        clock.set(10_000_000_000);
+        let full = l.check_n(&1, 2);
+        assert!(full.is_allowed());
+        // The key goes idle and is evicted at 13 s...
+        clock.set(13_000_000_000);
+        assert_eq!(l.evict_idle(), 1);
+        // ...then the clock steps back to 10.5 s, half a window after the burst.
+        // The key's memory is gone, but the limiter has seen 13 s: the new ring is
+        // held there, so its units are never counted in a span beside the burst.
+        clock.set(10_500_000_000);
+        let d = l.check_n(&1, 2);
+        assert!(d.is_allowed());
+        assert!(
+            d.recorded_slot() > full.recorded_slot() + 15,
+            "recorded at slot {} beside the burst at slot {}",
+            d.recorded_slot(),
+            full.recorded_slot()
+        );
+        assert!(!l.check(&1).is_allowed());
+    }
+
+    #[test]
+    fn a_key_leaving_the_overflow_ring_keeps_its_window() {
+        let (l, clock) = limiter(3, 1);
+        assert!(l.check(&1).is_allowed());
+        // At the cap, key 2 shares the overflow ring and uses its whole limit.
+        clock.set(500_000_000);
+        for _ in 0..3 {
+            assert!(l.check(&2).is_allowed());
+        }
+        assert_eq!(l.stats().overflowed, 3);
+        // Key 1 goes idle and makes room, but key 2's units are still in the
+        // window: it must not start over in a fresh ring.
+        clock.set(1_200_000_000);
+        assert!(!l.check(&2).is_allowed());
+        // Once the overflow ring has drained, new keys are tracked again.
+        clock.set(2_600_000_000);
+        assert!(l.check(&2).is_allowed());
+        assert_eq!(l.stats().keys_tracked, 1);
+        assert_eq!(l.usage(&2).used, 1);
+    }
+
+    #[test]
+    fn peek_reports_without_counting_or_tracking() {
+        let (l, _) = limiter(3, 10);
+        let d = l.peek(&1, 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 2);
+        let too_big = l.peek(&1, 4);
+        assert_eq!(too_big.outcome(), Outcome::CostExceedsLimit);
+        assert_eq!(too_big.retry_after(), None);
+        assert_eq!(l.stats(), Stats::default());
+        assert!(l.check_n(&1, 3).is_allowed());
+        let d = l.peek(&1, 1);
+        assert_eq!(d.outcome(), Outcome::Denied);
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(l.usage(&1).used, 3);
+        assert_eq!((l.stats().admitted, l.stats().rejected), (1, 0));
+    }
+
+    #[test]
+    fn cost_above_limit_counts_as_rejected_and_tracks_nothing() {
+        let (l, _) = limiter(5, 10);
+        assert_eq!(l.check_n(&1, 6).outcome(), Outcome::CostExceedsLimit);
+        let s = l.stats();
+        assert_eq!((s.admitted, s.rejected, s.keys_tracked), (0, 1, 0));
+        // A cost of exactly the limit passes on an empty window.
+        assert!(l.check_n(&1, 5).is_allowed());
+    }
+
+    #[test]
+    fn undo_gives_units_back_to_the_key_or_the_overflow_ring() {
+        let (l, _) = limiter(2, 1);
+        let tracked = l.check_n(&1, 2);
+        assert!(!l.check(&1).is_allowed());
+        l.undo(&1, &tracked);
+        assert_eq!(l.usage(&1).used, 0);
+        // Key 2 is not tracked (cap of 1): its units live in the overflow ring.
+        let overflowed = l.check_n(&2, 2);
+        assert!(overflowed.is_allowed());
+        assert!(!l.check(&3).is_allowed(), "the overflow ring is shared");
+        l.undo(&2, &overflowed);
+        assert!(l.check(&3).is_allowed());
+    }
+
+    #[test]
+    fn reset_is_the_time_until_the_youngest_unit_leaves() {
+        let (l, clock) = limiter(2, 10);
+        // 1 s window in 15 buckets of 66.67 ms: a unit in slot 0 is counted through
+        // slot 15, so it leaves at 16 * 66_666_667 ns.
+        let d = l.check(&1);
+        assert_eq!(d.reset(), Duration::from_nanos(16 * 66_666_667));
+        clock.set(500_000_000);
+        let d = l.check(&1);
+        let slot = 500_000_000 / 66_666_667;
+        assert_eq!(
+            d.reset(),
+            Duration::from_nanos((slot + 16) * 66_666_667 - 500_000_000)
+        );
+        assert_eq!(l.usage(&9).reset, Duration::ZERO);
     }
 
     #[test]

@@ -18,9 +18,17 @@ pub enum Precision {
     ///
     /// Closer to an exact sliding log at saturation, but it assumes the oldest
     /// bucket's units were spread evenly over it. When they were bunched at its end,
-    /// an interval of length `window` can hold up to `limit` plus the oldest bucket's
-    /// count (at most `limit + limit / N`, typically far less). Cloudflare measured
-    /// 0.003% wrong decisions over 400M requests with this estimate.
+    /// an interval of length `window` can hold `limit` plus nearly all of the oldest
+    /// bucket's count: the bound is `limit + oldest - 1`, so **up to `2 × limit - 1`**
+    /// in the worst case (a full bucket at the very end of the oldest slot, then a
+    /// burst at the very end of the newest).
+    ///
+    /// Typically far less: on Poisson traffic from 0.9× to 10× the limit (15
+    /// buckets, limit 100), 0.6–8% of windows held more than `limit`, the mean
+    /// excess was at most 0.1% of the limit and the worst window 6% over, while it
+    /// admitted 99–100% of what an exact sliding log admits (strict: 94–98%, never
+    /// over; `tests/limiter_model.rs`).
+    /// Cloudflare measured 0.003% wrong decisions over 400M requests with this estimate.
     Interpolated,
 }
 

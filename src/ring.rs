@@ -40,10 +40,15 @@
 //! each other unit's bucket still held that unit's slot and was counted. Its sum
 //! was therefore the whole span's total, at most `limit`. Racing checks may both be
 //! denied near the limit (the safe side); the `loom` models below check this.
+//! loom weakens `SeqCst` accesses to `AcqRel` and orders a plain store racing
+//! read-modify-writes only partially; so that it checks the protocol above and
+//! not a weaker one, every write to a cell is an RMW (the reset swaps) and a
+//! loom-only `SeqCst` fence stands between add and scan
+//! (`sync::order_add_before_scan`).
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
-use crate::sync::{spin, AtomicU64, Ordering::SeqCst};
+use crate::sync::{order_add_before_scan, spin, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 const RESETTING: u64 = 1 << 63;
@@ -96,6 +101,12 @@ impl Geometry {
     /// Bucket width in nanoseconds.
     pub(crate) fn width(&self) -> u64 {
         self.width
+    }
+
+    /// Slots a unit stays counted: one recorded at slot `x` has left every span
+    /// from slot `x + span_slots()` on.
+    pub(crate) fn span_slots(&self) -> u64 {
+        self.len
     }
 
     #[inline]
@@ -184,6 +195,7 @@ impl Ring {
                 Add::Newer => continue,
                 Add::Overflow => return self.denied(g, s, now, cost),
             }
+            order_add_before_scan();
             let scan = self.scan(g, s);
             if scan.newer || self.reset_since(g, s) {
                 self.take_back(g, s, cost);
@@ -256,10 +268,13 @@ impl Ring {
         self.cells[0]
             .compare_exchange(newest, s | RESETTING, SeqCst, SeqCst)
             .ok()?;
+        // Swaps, not stores: every write to a cell is then a read-modify-write, so
+        // all writes to it are totally ordered also in loom, which orders a plain
+        // store racing RMWs only partially and would report false over-admissions.
         for p in 0..g.len {
-            self.cells[1 + p as usize].store(pack(g.stale_tag(s, p), 0), SeqCst);
+            self.cells[1 + p as usize].swap(pack(g.stale_tag(s, p), 0), SeqCst);
         }
-        self.cells[0].store(s, SeqCst);
+        self.cells[0].swap(s, SeqCst);
         Some(s)
     }
 
@@ -699,6 +714,92 @@ mod loom_tests {
             })
             .collect();
         pre + handles.into_iter().map(|h| h.join().unwrap()).sum::<u32>()
+    }
+
+    /// Run `checks` (time, cost) on their own threads against a ring pre-filled by
+    /// `setup`, then assert the invariant on recorded slots: no `N + 1` consecutive
+    /// slots hold more than the limit. Returns the threads' decisions.
+    fn checked_run(g: Geometry, setup: &[(u64, u32)], checks: &[(u64, u32)]) -> Vec<Decision> {
+        let ring = Arc::new(Ring::new(&g, 0));
+        let mut all: Vec<Decision> = setup.iter().map(|&(t, c)| ring.acquire(&g, t, c)).collect();
+        let handles: Vec<_> = checks
+            .iter()
+            .map(|&(t, c)| {
+                let ring = ring.clone();
+                loom::thread::spawn(move || ring.acquire(&g, t, c))
+            })
+            .collect();
+        let raced: Vec<Decision> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        all.extend(&raced);
+        let mut by_slot = std::collections::BTreeMap::new();
+        for d in all.iter().filter(|d| d.is_allowed()) {
+            *by_slot.entry(d.slot).or_insert(0u64) += d.cost as u64;
+        }
+        for &x in by_slot.keys() {
+            let units: u64 = by_slot.range(x..=x + g.n).map(|(_, c)| c).sum();
+            assert!(
+                units <= g.limit as u64,
+                "{units} units in slots {x}..={}: {:?}; cells {:x?}",
+                x + g.n,
+                all.iter()
+                    .map(|d| (d.outcome, d.slot, d.cost))
+                    .collect::<Vec<_>>(),
+                ring.cells
+                    .iter()
+                    .map(|c| c.load(SeqCst))
+                    .collect::<Vec<_>>()
+            );
+        }
+        raced
+    }
+
+    fn bounded(preemptions: usize) -> loom::model::Builder {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(preemptions);
+        builder
+    }
+
+    #[test]
+    fn three_threads_across_slot_boundaries_never_over_admit() {
+        bounded(2).check(|| {
+            // Slot 0 holds one unit of 2; the threads check in slots 1, 2 and 3
+            // (slot 3 recycles slot 0's bucket).
+            checked_run(geometry(2, 2), &[(0, 1)], &[(15, 1), (25, 1), (35, 1)]);
+        });
+    }
+
+    #[test]
+    fn mixed_costs_near_the_limit_never_over_admit() {
+        bounded(3).check(|| {
+            // Slot 0 holds one unit of 3; costs 2 and 1 race in slot 0, 1 in slot 1.
+            // All three may be denied (each sees the others' tentative units).
+            checked_run(geometry(3, 2), &[(0, 1)], &[(5, 2), (5, 1), (15, 1)]);
+        });
+    }
+
+    #[test]
+    fn a_stale_check_racing_an_idle_reset_is_clamped_forward() {
+        bounded(3).check(|| {
+            // Slot 0 is full. a reads the clock in slot 0; b arrives in slot 10 and
+            // resets the idle ring. a may pass only if clamped to slot 10.
+            let raced = checked_run(geometry(2, 2), &[(0, 2)], &[(5, 1), (100, 1)]);
+            let (a, b) = (raced[0], raced[1]);
+            assert!(
+                !a.is_allowed() || a.slot == 10,
+                "a admitted at slot {}",
+                a.slot
+            );
+            assert!(b.is_allowed(), "slot 10 has room for b");
+        });
+    }
+
+    #[test]
+    fn two_idle_resets_and_a_current_check_never_over_admit() {
+        bounded(2).check(|| {
+            // Two threads find the ring idle at different slots while a third
+            // checks at the old slot: resets must not erase each other's units.
+            checked_run(geometry(1, 2), &[(0, 1)], &[(5, 1), (100, 1), (120, 1)]);
+        });
     }
 
     #[test]

@@ -57,7 +57,8 @@ pub struct Stats {
     /// Idle keys dropped so far.
     pub keys_evicted: u64,
     /// Checks of untracked keys that went to the shared overflow ring because the
-    /// limiter was at `max_keys`.
+    /// limiter was at `max_keys` (or had just been, and the overflow ring still
+    /// held units in the window).
     pub overflowed: u64,
 }
 

@@ -22,6 +22,17 @@ pub trait Store<K>: Send + Sync + 'static {
     /// Check `cost` units for `key`, counting them if they fit.
     fn check_n(&self, key: &K, cost: u32) -> Self::Future;
 
+    /// Decide at once when the store can do so without waiting (the in-memory
+    /// limiter always can; a remote store might answer from a local deny cache).
+    ///
+    /// `None` means "ask [`check_n`](Store::check_n)": nothing was counted. The
+    /// tower layer tries this first, so a store that answers here costs the
+    /// request no allocation and no extra state.
+    fn check_now(&self, key: &K, cost: u32) -> Option<Result<Decision, StoreError>> {
+        let _ = (key, cost);
+        None
+    }
+
     /// Give back what an allowed `decision` counted (best effort).
     fn undo(&self, key: &K, decision: &Decision);
 
@@ -77,6 +88,11 @@ where
     #[inline]
     fn check_n(&self, key: &K, cost: u32) -> Self::Future {
         ready(Ok(Limiter::check_n(self, key, cost)))
+    }
+
+    #[inline]
+    fn check_now(&self, key: &K, cost: u32) -> Option<Result<Decision, StoreError>> {
+        Some(Ok(Limiter::check_n(self, key, cost)))
     }
 
     fn undo(&self, key: &K, decision: &Decision) {

@@ -1,0 +1,195 @@
+//! End-to-end HTTP benchmark: an axum hello-world server in this process, loaded
+//! over loopback by hyper clients with bounded concurrency and duration.
+//!
+//! Arms, all in one run so the ratios are fair on a noisy machine:
+//! no limiter; this crate with every request allowed; this crate with nearly
+//! every request rejected; tower_governor with the same two settings.
+//!
+//! ```sh
+//! cargo bench --bench http        # 3 s per arm, 32 connections, median of 3 rounds
+//! HTTP_BENCH_SECS=5 HTTP_BENCH_CONNS=64 HTTP_BENCH_ROUNDS=5 cargo bench --bench http
+//! ```
+
+use axum::{routing::get, Router};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower_governor::{
+    governor::GovernorConfigBuilder, key_extractor::GlobalKeyExtractor, GovernorLayer,
+};
+use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
+
+async fn hello() -> &'static str {
+    "Hello, world!"
+}
+
+struct Outcome {
+    label: &'static str,
+    requests: u64,
+    ok: u64,
+    limited: u64,
+    secs: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+impl Outcome {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.secs
+    }
+}
+
+async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    (addr, task)
+}
+
+async fn load(label: &'static str, app: Router, conns: usize, duration: Duration) -> Outcome {
+    let (addr, server) = serve(app).await;
+    let uri: hyper::Uri = format!("http://{addr}/").parse().unwrap();
+    let started = Instant::now();
+    let deadline = started + duration;
+    let workers: Vec<_> = (0..conns)
+        .map(|_| {
+            let uri = uri.clone();
+            tokio::spawn(async move {
+                // One client per worker: one keep-alive connection each.
+                let client = Client::builder(TokioExecutor::new())
+                    .pool_max_idle_per_host(1)
+                    .build_http::<Empty<Bytes>>();
+                let (mut ok, mut limited) = (0u64, 0u64);
+                let mut latencies = Vec::with_capacity(1 << 16);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let res = client.get(uri.clone()).await.expect("request failed");
+                    let status = res.status();
+                    let _ = res.into_body().collect().await;
+                    latencies.push(t.elapsed());
+                    if status.is_success() {
+                        ok += 1;
+                    } else {
+                        limited += 1;
+                    }
+                }
+                (ok, limited, latencies)
+            })
+        })
+        .collect();
+    let (mut ok, mut limited, mut latencies) = (0, 0, Vec::new());
+    for w in workers {
+        let (o, l, lat) = w.await.unwrap();
+        ok += o;
+        limited += l;
+        latencies.extend(lat);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    server.abort();
+    latencies.sort_unstable();
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+    Outcome {
+        label,
+        requests: ok + limited,
+        ok,
+        limited,
+        secs,
+        p50: pct(0.50),
+        p99: pct(0.99),
+    }
+}
+
+fn app() -> Router {
+    Router::new().route("/", get(hello))
+}
+
+fn governor_app(burst: u32) -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_second(3600)
+        .burst_size(burst)
+        .key_extractor(GlobalKeyExtractor)
+        .finish()
+        .unwrap();
+    app().layer(GovernorLayer::new(Arc::new(config)))
+}
+
+fn sliding_app(limit: u32) -> Router {
+    let policy = Policy::per(limit, Duration::from_secs(3600)).unwrap();
+    app().layer(SlidingWindowLayer::new(policy, GlobalKey).unwrap())
+}
+
+fn main() {
+    let secs: u64 = std::env::var("HTTP_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let conns: usize = std::env::var("HTTP_BENCH_CONNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32);
+    let duration = Duration::from_secs(secs);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rounds: usize = std::env::var("HTTP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    type MakeApp = fn() -> Router;
+    let arms: [(&'static str, MakeApp); 5] = [
+        ("no limiter", app),
+        ("sliding-window, all allowed", || sliding_app(u32::MAX)),
+        ("sliding-window, ~all rejected", || sliding_app(10)),
+        ("tower_governor, all allowed", || governor_app(u32::MAX)),
+        ("tower_governor, ~all rejected", || governor_app(10)),
+    ];
+    rt.block_on(async {
+        // Warm up sockets and allocator.
+        load("warm-up", app(), conns, Duration::from_millis(500)).await;
+        // Arms interleaved round by round, so drift in the machine's load hits all alike;
+        // each arm reports its median round.
+        let mut runs: Vec<Vec<Outcome>> = arms.iter().map(|_| Vec::new()).collect();
+        for _ in 0..rounds {
+            for (i, (label, make)) in arms.iter().enumerate() {
+                runs[i].push(load(label, make(), conns, duration).await);
+            }
+        }
+        let medians: Vec<Outcome> = runs
+            .into_iter()
+            .map(|mut r| {
+                r.sort_by(|a, b| a.rps().total_cmp(&b.rps()));
+                r.swap_remove(r.len() / 2)
+            })
+            .collect();
+        let base = medians[0].rps();
+        println!(
+            "\n{conns} connections, {secs} s per arm, median of {rounds} interleaved rounds, loopback, server and load in one process\n"
+        );
+        println!("| arm | requests/s | vs no limiter | p50 | p99 | 2xx | 429 |");
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for o in &medians {
+            println!(
+                "| {} | {:.0} | {:.2}× | {:.0?} | {:.0?} | {} | {} |",
+                o.label,
+                o.rps(),
+                o.rps() / base,
+                o.p50,
+                o.p99,
+                o.ok,
+                o.limited
+            );
+        }
+    });
+}

@@ -1,0 +1,268 @@
+//! How a rejection reaches the caller: an HTTP response (axum, hyper, tonic) or
+//! an error value (any other request type).
+//!
+//! The choice is a type parameter of the layer, not a runtime flag, because the
+//! two need different service signatures: axum requires a route's error type to
+//! stay `Infallible`, so [`HttpRejection`] answers with a response and keeps the
+//! inner service's error type, while [`ErrorRejection`] turns the error type into
+//! [`BoxError`] to carry a [`RateLimited`].
+
+use crate::error::{ConfigError, KeyMissing, RateLimited};
+use crate::response::{self, HeaderOptions, PolicyName, RateLimitHeaders, Report};
+use crate::store::StoreError;
+use http::{Request, Response};
+use tower::BoxError;
+use tower_service::Service;
+
+/// Why a request is rejected.
+pub enum Rejection<'a> {
+    Limited(Report<'a>, &'a PolicyName),
+    StoreUnavailable(&'a StoreError),
+    KeyMissing,
+}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    pub trait Validate {
+        fn validate(&self) -> Result<(), ConfigError>;
+    }
+
+    pub trait Mode<Req, S: Service<Req>>: Send + Sync + 'static {
+        type Response;
+        type Error;
+
+        /// The inner service's outcome, with rate-limit headers written when given.
+        fn finish(
+            output: Result<S::Response, S::Error>,
+            headers: Option<RateLimitHeaders>,
+        ) -> Result<Self::Response, Self::Error>;
+
+        fn map_error(error: S::Error) -> Self::Error;
+
+        /// The headers for a forwarded request, if this mode writes any.
+        fn allowed_headers(&self, report: &Report<'_>) -> Option<RateLimitHeaders>;
+
+        fn reject(
+            &self,
+            req: &Req,
+            rejection: Rejection<'_>,
+        ) -> Result<Self::Response, Self::Error>;
+    }
+}
+
+/// How rejections are delivered for request type `Req` to an inner service `S`:
+/// implemented by [`HttpRejection`] and [`ErrorRejection`] (sealed).
+///
+/// The choice is a type parameter of the layer, not a runtime flag, because the
+/// two need different service signatures: axum requires a route's error type to
+/// stay `Infallible`, so [`HttpRejection`] (the default) answers with a response
+/// and keeps the inner service's error type, while [`ErrorRejection`]
+/// ([`reject_with_errors`](crate::SlidingWindowLayerBuilder::reject_with_errors))
+/// makes the error type [`BoxError`] to carry a [`RateLimited`].
+pub trait RejectionMode<Req, S: Service<Req>>: sealed::Mode<Req, S> {}
+
+impl<T, Req, S> RejectionMode<Req, S> for T
+where
+    T: sealed::Mode<Req, S>,
+    S: Service<Req>,
+{
+}
+
+/// A rejection mode's settings, checked when the layer is built (sealed).
+pub trait ModeConfig: sealed::Validate {}
+
+impl<T: sealed::Validate> ModeConfig for T {}
+
+/// Answer rejected `http::Request`s with a response (the default mode). The
+/// response body is the inner service's (`ResBody: Default`) and the error type
+/// stays the inner service's, so the layer composes with axum (whose routes must
+/// stay `Infallible`) and tonic without boxing.
+///
+/// # Responses
+///
+/// | case | plain HTTP | gRPC (`content-type: application/grpc…`) |
+/// |---|---|---|
+/// | over a limit | 429 (configurable), empty body, or your [`RejectResponse`] | 200, `grpc-status: 8` (configurable), `grpc-message`, `grpc-retry-pushback-ms` |
+/// | no key, [`MissingKey::Reject`](crate::MissingKey::Reject) | the rejection status, no rate-limit headers | the rejection code |
+/// | store down (fails closed) | 503 with `Retry-After` | `grpc-status: 14` UNAVAILABLE |
+///
+/// gRPC rejections are "trailers-only": the status travels in the response
+/// headers of an empty body, which gRPC clients read as the call's status. A
+/// bare HTTP 429 would reach them as UNAVAILABLE.
+///
+/// # Headers
+///
+/// All values are valid RFC 9651 structured fields.
+///
+/// | header | value |
+/// |---|---|
+/// | `RateLimit-Policy` | `"name";q=L;w=W`, one list member per policy of the layer (`W`: window in seconds, rounded up) |
+/// | `RateLimit` | `"name";r=R;t=T` for the reported policy: the closest to its limit (lowest remaining share) when allowed, the denying policy with the longest wait when denied. `R`: units remaining; `T`: seconds, rounded up, until the cost could pass when denied (equal to `Retry-After`), until the window drains when allowed |
+/// | `Retry-After` | on rejections: whole seconds, rounded up, at least 1; omitted when the cost exceeds the limit, since no wait helps |
+/// | `X-RateLimit-Limit` / `-Remaining` / `-Reset` | opt-in legacy fields; `Reset` is **seconds until the window drains**, not an epoch time |
+///
+/// In strict mode a unit counts for up to one window plus one bucket, so waits
+/// can exceed the window by one bucket (`window / buckets`).
+#[derive(Debug, Clone, Default)]
+pub struct HttpRejection<H = DefaultResponse> {
+    pub(crate) options: HeaderOptions,
+    pub(crate) hook: H,
+}
+
+/// Builds the response for a rate-limited HTTP request; see
+/// [`reject_with`](crate::SlidingWindowLayerBuilder::reject_with). Any
+/// `Fn(&RateLimited) -> http::Response<B>` is one.
+pub trait RejectResponse<B>: Send + Sync + 'static {
+    /// False only for [`DefaultResponse`], which leaves the response to the layer.
+    #[doc(hidden)]
+    const CUSTOM: bool = true;
+
+    /// The response for `limited`. The layer adds its rate-limit headers
+    /// afterwards unless the response already has them.
+    fn respond(&self, limited: &RateLimited) -> Response<B>;
+}
+
+impl<F, B> RejectResponse<B> for F
+where
+    F: Fn(&RateLimited) -> Response<B> + Send + Sync + 'static,
+{
+    fn respond(&self, limited: &RateLimited) -> Response<B> {
+        self(limited)
+    }
+}
+
+/// The layer's own rejection response (429, or the configured status, empty body).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultResponse;
+
+impl<B: Default> RejectResponse<B> for DefaultResponse {
+    const CUSTOM: bool = false;
+
+    fn respond(&self, _limited: &RateLimited) -> Response<B> {
+        Response::new(B::default())
+    }
+}
+
+impl<H> sealed::Validate for HttpRejection<H> {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let status = self.options.status;
+        if !(status.is_client_error() || status.is_server_error()) {
+            return Err(ConfigError::Invalid(
+                "the rejection status must be a 4xx or 5xx status",
+            ));
+        }
+        if !(1..=16).contains(&self.options.grpc_status) {
+            return Err(ConfigError::Invalid(
+                "the gRPC rejection code must be 1..=16 (8 is RESOURCE_EXHAUSTED)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<H, S, ReqBody, ResBody> sealed::Mode<Request<ReqBody>, S> for HttpRejection<H>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+    H: RejectResponse<ResBody>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+
+    #[inline]
+    fn finish(
+        output: Result<Response<ResBody>, S::Error>,
+        headers: Option<RateLimitHeaders>,
+    ) -> Result<Response<ResBody>, S::Error> {
+        output.map(|mut response| {
+            if let Some(headers) = headers {
+                headers.write_to(response.headers_mut());
+            }
+            response
+        })
+    }
+
+    #[inline]
+    fn map_error(error: S::Error) -> S::Error {
+        error
+    }
+
+    fn allowed_headers(&self, report: &Report<'_>) -> Option<RateLimitHeaders> {
+        let o = &self.options;
+        (o.on_allowed && (o.ietf || o.legacy)).then(|| RateLimitHeaders::new(o, report, false))
+    }
+
+    fn reject(
+        &self,
+        req: &Request<ReqBody>,
+        rejection: Rejection<'_>,
+    ) -> Result<Response<ResBody>, S::Error> {
+        let grpc = response::is_grpc(req.headers());
+        Ok(match rejection {
+            Rejection::Limited(report, name) => {
+                let headers = RateLimitHeaders::new(&self.options, &report, true);
+                if grpc {
+                    response::grpc_limited(&self.options, &report, headers)
+                } else if H::CUSTOM {
+                    let limited = RateLimited::new(report.decision, PolicyName::clone(name));
+                    let mut response = self.hook.respond(&limited);
+                    headers.write_to(response.headers_mut());
+                    response
+                } else {
+                    response::limited(&self.options, headers)
+                }
+            }
+            Rejection::StoreUnavailable(error) => response::store_unavailable(grpc, error),
+            Rejection::KeyMissing => response::key_missing(&self.options, grpc),
+        })
+    }
+}
+
+/// Answer rejected requests of any type with an error value, in tower's
+/// [`BoxError`] convention: downcast to [`RateLimited`], [`KeyMissing`] or
+/// [`StoreError`]. The inner service's errors are boxed too.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ErrorRejection;
+
+impl sealed::Validate for ErrorRejection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+}
+
+impl<Req, S> sealed::Mode<Req, S> for ErrorRejection
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+
+    #[inline]
+    fn finish(
+        output: Result<S::Response, S::Error>,
+        _headers: Option<RateLimitHeaders>,
+    ) -> Result<S::Response, BoxError> {
+        output.map_err(Into::into)
+    }
+
+    #[inline]
+    fn map_error(error: S::Error) -> BoxError {
+        error.into()
+    }
+
+    fn allowed_headers(&self, _report: &Report<'_>) -> Option<RateLimitHeaders> {
+        None
+    }
+
+    fn reject(&self, _req: &Req, rejection: Rejection<'_>) -> Result<S::Response, BoxError> {
+        Err(match rejection {
+            Rejection::Limited(report, name) => {
+                Box::new(RateLimited::new(report.decision, PolicyName::clone(name)))
+            }
+            Rejection::StoreUnavailable(error) => Box::new(error.clone()),
+            Rejection::KeyMissing => Box::new(KeyMissing),
+        })
+    }
+}

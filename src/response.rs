@@ -1,0 +1,417 @@
+//! Rate-limit header values and rejection responses, built in one place.
+//!
+//! The formats are documented on [`HttpRejection`](crate::HttpRejection).
+
+use crate::decision::{Decision, Outcome};
+use crate::policy::Policy;
+use crate::store::StoreError;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(crate) static X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// gRPC status code RESOURCE_EXHAUSTED.
+pub(crate) const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
+/// gRPC status code UNAVAILABLE, for a store that is down.
+const GRPC_UNAVAILABLE: u8 = 14;
+
+/// Which headers a layer in HTTP mode writes. All on except the legacy ones.
+#[derive(Debug, Clone)]
+pub(crate) struct HeaderOptions {
+    pub(crate) status: StatusCode,
+    pub(crate) grpc_status: u8,
+    pub(crate) grpc_retry_pushback: bool,
+    pub(crate) ietf: bool,
+    pub(crate) retry_after: bool,
+    pub(crate) legacy: bool,
+    pub(crate) on_allowed: bool,
+}
+
+impl Default for HeaderOptions {
+    fn default() -> Self {
+        HeaderOptions {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            grpc_status: GRPC_RESOURCE_EXHAUSTED,
+            grpc_retry_pushback: true,
+            ietf: true,
+            retry_after: true,
+            legacy: false,
+            on_allowed: true,
+        }
+    }
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A policy name as an RFC 9651 sf-string, quotes included. The name was
+/// checked to be printable ASCII when the layer was built.
+pub(crate) fn quoted(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// True when `name` can be a structured-field string (printable ASCII).
+pub(crate) fn is_valid_policy_name(name: &str) -> bool {
+    name.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+/// The `RateLimit-Policy` value describing every policy of a layer.
+pub(crate) fn policy_header<'a>(policies: impl Iterator<Item = &'a Policy>) -> HeaderValue {
+    let mut value = String::new();
+    for (i, policy) in policies.enumerate() {
+        if i > 0 {
+            value.push_str(", ");
+        }
+        let _ = write!(
+            value,
+            "{};q={};w={}",
+            quoted(policy.name()),
+            policy.limit(),
+            ceil_secs(policy.window())
+        );
+    }
+    // Printable ASCII by construction.
+    HeaderValue::try_from(value).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// What one response reports: a decision of one of the layer's policies.
+#[derive(Debug, Clone, Copy)]
+pub struct Report<'a> {
+    pub(crate) decision: Decision,
+    pub(crate) quoted_name: &'a str,
+    pub(crate) policy_header: &'a HeaderValue,
+}
+
+/// Rate-limit header values computed for one response, ready to be written.
+///
+/// Opaque: produced by the layer in HTTP mode and written onto the response.
+#[derive(Debug, Clone, Default)]
+pub struct RateLimitHeaders {
+    policy: Option<HeaderValue>,
+    rate_limit: Option<HeaderValue>,
+    retry_after: Option<u64>,
+    legacy: Option<(u32, u32, u64)>,
+}
+
+impl RateLimitHeaders {
+    /// The headers `options` ask for, for a response that forwards the request
+    /// (`rejected == false`) or rejects it.
+    pub(crate) fn new(options: &HeaderOptions, report: &Report<'_>, rejected: bool) -> Self {
+        let d = &report.decision;
+        let denied = d.outcome() != Outcome::Allowed;
+        let t = match d.retry_after() {
+            Some(wait) if denied => ceil_secs(wait).max(1),
+            Some(_) => ceil_secs(d.reset()),
+            // The cost exceeds the limit: report when the window drains.
+            None => ceil_secs(d.reset()),
+        };
+        let mut headers = RateLimitHeaders::default();
+        if options.ietf {
+            headers.policy = Some(report.policy_header.clone());
+            headers.rate_limit = rate_limit_value(report.quoted_name, d.remaining(), t);
+        }
+        if rejected && options.retry_after {
+            headers.retry_after = d.retry_after().map(|wait| ceil_secs(wait).max(1));
+        }
+        if options.legacy {
+            headers.legacy = Some((d.limit(), d.remaining(), ceil_secs(d.reset())));
+        }
+        headers
+    }
+
+    /// Write the headers, replacing none that are already there (a custom
+    /// rejection response or the inner service may have set its own).
+    pub(crate) fn write_to(self, map: &mut HeaderMap) {
+        let mut put = |name: &HeaderName, value: HeaderValue| {
+            if let http::header::Entry::Vacant(slot) = map.entry(name) {
+                slot.insert(value);
+            }
+        };
+        if let Some(v) = self.policy {
+            put(&RATELIMIT_POLICY, v);
+        }
+        if let Some(v) = self.rate_limit {
+            put(&RATELIMIT, v);
+        }
+        if let Some(secs) = self.retry_after {
+            put(&RETRY_AFTER, integer(secs));
+        }
+        if let Some((limit, remaining, reset)) = self.legacy {
+            put(&X_RATELIMIT_LIMIT, integer(limit.into()));
+            put(&X_RATELIMIT_REMAINING, integer(remaining.into()));
+            put(&X_RATELIMIT_RESET, integer(reset));
+        }
+    }
+}
+
+/// `"name";r=R;t=T`, written by hand into a stack buffer and copied once:
+/// `format!` (and a growable `Vec`) cost more than the rest of the allowed path.
+fn rate_limit_value(quoted_name: &str, remaining: u32, t: u64) -> Option<HeaderValue> {
+    let mut buf = StackBuf::new();
+    if quoted_name.len() + 50 > buf.bytes.len() {
+        // Long policy names are rare: take the simple road.
+        let value = format!("{quoted_name};r={remaining};t={t}");
+        return HeaderValue::try_from(value).ok();
+    }
+    buf.push(quoted_name.as_bytes());
+    buf.push(b";r=");
+    buf.push_decimal(remaining.into());
+    buf.push(b";t=");
+    buf.push_decimal(t);
+    HeaderValue::from_bytes(buf.as_slice()).ok()
+}
+
+fn integer(n: u64) -> HeaderValue {
+    let mut buf = StackBuf::new();
+    buf.push_decimal(n);
+    HeaderValue::from_bytes(buf.as_slice()).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// A small fixed buffer for header values; callers check the length first.
+struct StackBuf {
+    bytes: [u8; 128],
+    len: usize,
+}
+
+impl StackBuf {
+    fn new() -> Self {
+        StackBuf {
+            bytes: [0; 128],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, part: &[u8]) {
+        let end = self.len + part.len();
+        self.bytes[self.len..end].copy_from_slice(part);
+        self.len = end;
+    }
+
+    fn push_decimal(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// True for gRPC requests (`content-type: application/grpc`, `application/grpc+proto`, …).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The plain HTTP response for a rate-limited request.
+pub(crate) fn limited<B: Default>(
+    options: &HeaderOptions,
+    headers: RateLimitHeaders,
+) -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = options.status;
+    headers.write_to(response.headers_mut());
+    response
+}
+
+/// A gRPC "trailers-only" response: HTTP 200 whose headers carry the status, so
+/// the client sees `code` instead of mapping a bare HTTP error to UNAVAILABLE.
+pub(crate) fn grpc<B: Default>(code: u8, message: &str, pushback: Option<i32>) -> Response<B> {
+    let mut response = Response::new(B::default());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS.clone(), HeaderValue::from(i32::from(code)));
+    if let Ok(value) = HeaderValue::try_from(grpc_percent_encode(message)) {
+        headers.insert(GRPC_MESSAGE.clone(), value);
+    }
+    if let Some(ms) = pushback {
+        headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), HeaderValue::from(ms));
+    }
+    response
+}
+
+/// The gRPC response for a rate-limited request.
+pub(crate) fn grpc_limited<B: Default>(
+    options: &HeaderOptions,
+    report: &Report<'_>,
+    headers: RateLimitHeaders,
+) -> Response<B> {
+    let d = &report.decision;
+    let (message, pushback) = match d.retry_after() {
+        Some(wait) => (
+            format!(
+                "rate limit exceeded for policy {}; retry after {} ms",
+                report.quoted_name,
+                wait.as_millis().max(1)
+            ),
+            // Signed 32-bit milliseconds; round up so the client never retries early.
+            Some(i32::try_from(wait.as_nanos().div_ceil(1_000_000).max(1)).unwrap_or(i32::MAX)),
+        ),
+        None => (
+            format!(
+                "request cost exceeds the limit of policy {}",
+                report.quoted_name
+            ),
+            // Negative: do not retry, no wait will help.
+            Some(-1),
+        ),
+    };
+    let pushback = pushback.filter(|_| options.grpc_retry_pushback);
+    let mut response = grpc(options.grpc_status, &message, pushback);
+    headers.write_to(response.headers_mut());
+    response
+}
+
+/// The answer when the store could not decide and fails closed: 503 (HTTP) or
+/// UNAVAILABLE (gRPC), with `Retry-After`.
+pub(crate) fn store_unavailable<B: Default>(grpc_request: bool, error: &StoreError) -> Response<B> {
+    let wait = ceil_secs(error.retry_after()).max(1);
+    if grpc_request {
+        let ms = i32::try_from(wait.saturating_mul(1000)).unwrap_or(i32::MAX);
+        return grpc(GRPC_UNAVAILABLE, "rate limiter unavailable", Some(ms));
+    }
+    let mut response = Response::new(B::default());
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(wait));
+    response
+}
+
+/// The answer to a request without a key under [`MissingKey::Reject`](crate::MissingKey::Reject):
+/// the rejection status (gRPC: the rejection code), no rate-limit headers.
+pub(crate) fn key_missing<B: Default>(options: &HeaderOptions, grpc_request: bool) -> Response<B> {
+    if grpc_request {
+        return grpc(
+            options.grpc_status,
+            "no rate-limit key for this request",
+            None,
+        );
+    }
+    let mut response = Response::new(B::default());
+    *response.status_mut() = options.status;
+    response
+}
+
+/// Percent-encode a `grpc-message` as the gRPC HTTP/2 spec asks: every byte
+/// outside printable ASCII, and `%` itself, becomes `%XX`.
+pub(crate) fn grpc_percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Shared names of a layer's policies, kept for error values and log events.
+pub(crate) type PolicyName = Arc<str>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero_for_a_wait() {
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn integers_are_written_in_decimal() {
+        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+            assert_eq!(integer(n), n.to_string().as_str());
+        }
+        assert_eq!(rate_limit_value("\"p\"", 0, 64).unwrap(), "\"p\";r=0;t=64");
+    }
+
+    #[test]
+    fn policy_names_are_quoted_with_escapes() {
+        assert_eq!(quoted("a\"b\\c"), r#""a\"b\\c""#);
+        assert!(is_valid_policy_name("burst 1"));
+        assert!(!is_valid_policy_name("naïve"));
+        assert!(!is_valid_policy_name("tab\there"));
+    }
+
+    #[test]
+    fn odd_policy_names_stay_valid_structured_fields() {
+        let names = ["a \"quoted\" \\ name", "default", " spaced ", "50%"];
+        let policies: Vec<Policy> = names
+            .iter()
+            .map(|n| {
+                Policy::builder()
+                    .name(*n)
+                    .limit(7)
+                    .window(Duration::from_millis(1500))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let header = policy_header(policies.iter());
+        let list: sfv::List = sfv::Parser::new(header.as_bytes()).parse().unwrap();
+        assert_eq!(list.len(), names.len());
+        for (entry, name) in list.iter().zip(names) {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("not an item: {entry:?}")
+            };
+            assert_eq!(item.bare_item.as_string().unwrap().as_str(), name);
+            let w = item.params.get("w").unwrap().as_integer().unwrap();
+            assert_eq!(i64::from(w), 2, "window in seconds, rounded up");
+        }
+    }
+
+    #[test]
+    fn grpc_message_is_percent_encoded() {
+        assert_eq!(grpc_percent_encode("50% off ✓"), "50%25 off %E2%9C%93");
+    }
+
+    #[test]
+    fn recognises_grpc_content_types() {
+        let mut h = HeaderMap::new();
+        assert!(!is_grpc(&h));
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        assert!(is_grpc(&h));
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        assert!(!is_grpc(&h));
+    }
+}

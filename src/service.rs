@@ -1,0 +1,416 @@
+//! The service: key the request, decide with every policy, forward or reject.
+//!
+//! One request goes: exemption → key (or the `MissingKey` outcome) → cost →
+//! every store's `check_now` → [`decide`] (all-or-nothing, picks the policy to
+//! report) → [`act`] (forward with headers, or reject per [`OnLimit`]). A store
+//! that cannot answer at once moves the rest into the response future
+//! (`decide_later`); everything after the answers is the same code.
+//!
+//! Adding a waiting behaviour: give [`OnLimit`] the variant, make `act` return a
+//! new `Action` for it, and give the response future a matching state in
+//! `future.rs` (its one state enum). Backpressure for key-less limits belongs in
+//! `poll_ready`, which today only forwards the inner service's readiness.
+
+use crate::decision::{Decision, Outcome};
+use crate::extract::KeyExtractor;
+use crate::future::ResponseFuture;
+use crate::layer::{
+    Exemption, LayerCounters, MissingKey, NoExemption, OnLimit, RequestCost, Shared,
+    SlidingWindowLayer, UnitCost, MAX_POLICIES,
+};
+use crate::limiter::Limiter;
+use crate::mode::{HttpRejection, Rejection, RejectionMode};
+use crate::response::{RateLimitHeaders, Report};
+use crate::store::{Store, StoreError};
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_service::Service;
+
+/// A service rate-limited by a [`SlidingWindowLayer`].
+///
+/// `poll_ready` is the inner service's; the limit is decided in `call`, so a
+/// request over the limit never waits for the inner service. `call` never
+/// panics, even when `poll_ready` was skipped.
+///
+/// With the in-memory [`Limiter`] (or any store that answers through
+/// [`Store::check_now`]) the decision is made inside `call`: an allowed request
+/// goes straight to the inner service, a rejected one gets a ready response,
+/// and nothing is allocated or boxed on either path. A store that answers later
+/// is awaited in the response future; the inner service readied by
+/// `poll_ready` moves into that future and a clone takes its place, which is
+/// why the inner service must be `Clone` (axum, hyper and tonic services are;
+/// wrap others in tower's `Buffer`).
+pub struct SlidingWindow<
+    S,
+    K,
+    X,
+    St = Limiter<K>,
+    M = HttpRejection,
+    Co = UnitCost,
+    Ex = NoExemption,
+> {
+    inner: S,
+    layer: SlidingWindowLayer<K, X, St, M, Co, Ex>,
+}
+
+impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
+    /// Wrap `inner`, sharing `layer`'s limiters.
+    pub fn new(inner: S, layer: SlidingWindowLayer<K, X, St, M, Co, Ex>) -> Self {
+        SlidingWindow { inner, layer }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwrap the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The layer this service shares its limiters with (to read their stats).
+    pub fn layer(&self) -> &SlidingWindowLayer<K, X, St, M, Co, Ex> {
+        &self.layer
+    }
+}
+
+impl<S: Clone, K, X, St, M, Co, Ex> Clone for SlidingWindow<S, K, X, St, M, Co, Ex> {
+    fn clone(&self) -> Self {
+        SlidingWindow {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, X, St, M, Co, Ex> fmt::Debug for SlidingWindow<S, K, X, St, M, Co, Ex> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlidingWindow")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+/// Each policy's answer; `None` for a store not asked (yet).
+type Answers = [Option<Result<Decision, StoreError>>; MAX_POLICIES];
+
+/// The all-or-nothing outcome over every policy, naming the policy to report.
+enum Verdict {
+    Allowed(usize),
+    Limited(usize),
+    StoreDown(usize),
+}
+
+/// What to do with the request.
+// Short-lived: the headers move straight into the response future.
+#[allow(clippy::large_enum_variant)]
+enum Action<T, E> {
+    Forward(Option<RateLimitHeaders>),
+    Reject(Result<T, E>),
+}
+
+impl<S, Req, K, X, St, M, Co, Ex> Service<Req> for SlidingWindow<S, K, X, St, M, Co, Ex>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    Req: Send + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    X: KeyExtractor<Req, Key = K>,
+    St: Store<K>,
+    M: RejectionMode<Req, S>,
+    Co: RequestCost<Req>,
+    Ex: Exemption<Req>,
+{
+    type Response = M::Response;
+    type Error = M::Error;
+    type Future = ResponseFuture<S::Future, M::Response, M::Error>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Reject mode never holds a request back, so readiness is the inner
+        // service's. (Waiting modes will add their own readiness here.)
+        self.inner.poll_ready(cx).map_err(M::map_error)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = &*self.layer.shared;
+        if shared.exempt.is_exempt(&req) {
+            return ResponseFuture::forwarded(self.inner.call(req), None, M::finish);
+        }
+        let key = match shared.extractor.extract(&req) {
+            Some(key) => key,
+            None => match &shared.missing_key {
+                MissingKey::Allow => {
+                    return ResponseFuture::forwarded(self.inner.call(req), None, M::finish)
+                }
+                MissingKey::Reject => {
+                    LayerCounters::bump(&shared.counters.key_missing);
+                    tracing::debug!("rate limit: request has no key, rejected");
+                    return ResponseFuture::rejected(
+                        shared.mode.reject(&req, Rejection::KeyMissing),
+                    );
+                }
+                MissingKey::Fallback(key) => key.clone(),
+            },
+        };
+        let cost = shared.cost.cost(&req);
+
+        let mut answers: Answers = Default::default();
+        let mut waiting = false;
+        let mut settled = false;
+        for (answer, limit) in answers.iter_mut().zip(shared.limits.iter()) {
+            match limit.store.check_now(&key, cost) {
+                Some(result) => {
+                    settled |= !matches!(result, Ok(d) if d.is_allowed());
+                    *answer = Some(result);
+                }
+                None => waiting = true,
+            }
+        }
+        // A store that answers later (a remote one) is only asked when no
+        // immediate answer has already denied the request.
+        if waiting && !settled {
+            return self.decide_later(req, key, cost, answers);
+        }
+
+        let verdict = decide(shared, &key, &answers);
+        match act::<Req, S, K, X, St, M, Co, Ex>(shared, &req, &key, verdict, &answers) {
+            Action::Forward(headers) => {
+                ResponseFuture::forwarded(self.inner.call(req), headers, M::finish)
+            }
+            Action::Reject(output) => ResponseFuture::rejected(output),
+        }
+    }
+}
+
+impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
+    /// The remote path: await the stores, then forward or reject. The inner
+    /// service readied by `poll_ready` moves into the future (a fresh clone
+    /// stays behind), so it is called exactly as tower's contract asks.
+    fn decide_later<Req>(
+        &mut self,
+        req: Req,
+        key: K,
+        cost: u32,
+        mut answers: Answers,
+    ) -> ResponseFuture<S::Future, M::Response, M::Error>
+    where
+        S: Service<Req> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        Req: Send + 'static,
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+        X: KeyExtractor<Req, Key = K>,
+        St: Store<K>,
+        M: RejectionMode<Req, S>,
+        Co: RequestCost<Req>,
+        Ex: Exemption<Req>,
+    {
+        let fresh = self.inner.clone();
+        let mut ready = std::mem::replace(&mut self.inner, fresh);
+        let shared = Arc::clone(&self.layer.shared);
+        ResponseFuture::deciding(Box::pin(async move {
+            let mut pending: Vec<(usize, Pin<Box<St::Future>>)> = shared
+                .limits
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| answers[*i].is_none())
+                .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&key, cost))))
+                .collect();
+            // If the caller drops this future before every store has answered,
+            // the request never ran: give back what was already admitted.
+            let guard = UndoOnDrop {
+                shared: &shared,
+                key: &key,
+                answers: &mut answers,
+            };
+            // Ask every remote store at once, not one round trip after another.
+            poll_fn(|cx| {
+                pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
+                    Poll::Ready(answer) => {
+                        guard.answers[*i] = Some(answer);
+                        false
+                    }
+                    Poll::Pending => true,
+                });
+                if pending.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            guard.disarm();
+            let verdict = decide(&shared, &key, &answers);
+            let headers =
+                match act::<Req, S, K, X, St, M, Co, Ex>(&shared, &req, &key, verdict, &answers) {
+                    Action::Forward(headers) => headers,
+                    Action::Reject(output) => return output,
+                };
+            M::finish(ready.call(req).await, headers)
+        }))
+    }
+}
+
+/// Undoes the admitted answers when dropped, unless disarmed once every store
+/// has answered (from then on, `decide` owns the all-or-nothing bookkeeping).
+struct UndoOnDrop<'a, K, X, St: Store<K>, M, Co, Ex> {
+    shared: &'a Shared<K, X, St, M, Co, Ex>,
+    key: &'a K,
+    answers: &'a mut Answers,
+}
+
+impl<K, X, St: Store<K>, M, Co, Ex> UndoOnDrop<'_, K, X, St, M, Co, Ex> {
+    fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<K, X, St: Store<K>, M, Co, Ex> Drop for UndoOnDrop<'_, K, X, St, M, Co, Ex> {
+    fn drop(&mut self) {
+        for (answer, limit) in self.answers.iter().zip(self.shared.limits.iter()) {
+            if let Some(Ok(d)) = answer {
+                if d.is_allowed() {
+                    limit.store.undo(self.key, d);
+                }
+            }
+        }
+    }
+}
+
+/// All-or-nothing: if any policy denies (or its store fails), give back what
+/// the others counted, and name the policy to report: for a denial the denying
+/// one with the longest wait (a cost no wait helps counts as the longest); for
+/// an admission the one with the lowest remaining share of its limit.
+fn decide<K, X, St: Store<K>, M, Co, Ex>(
+    shared: &Shared<K, X, St, M, Co, Ex>,
+    key: &K,
+    answers: &Answers,
+) -> Verdict {
+    let mut allowed: Option<(usize, Decision)> = None;
+    let mut denied: Option<(usize, Decision)> = None;
+    let mut failed: Option<usize> = None;
+    for (i, answer) in answers.iter().enumerate() {
+        match answer {
+            None => {}
+            Some(Err(_)) => {
+                failed.get_or_insert(i);
+            }
+            Some(Ok(d)) if d.is_allowed() => {
+                let closer = allowed.map_or(true, |(_, best)| {
+                    // remaining / limit < best.remaining / best.limit, without division
+                    u64::from(d.remaining()) * u64::from(best.limit())
+                        < u64::from(best.remaining()) * u64::from(d.limit())
+                });
+                if closer {
+                    allowed = Some((i, *d));
+                }
+            }
+            Some(Ok(d)) => {
+                let longer = denied.map_or(true, |(_, best)| match (d.outcome(), best.outcome()) {
+                    (_, Outcome::CostExceedsLimit) => false,
+                    (Outcome::CostExceedsLimit, _) => true,
+                    _ => d.retry_after() > best.retry_after(),
+                });
+                if longer {
+                    denied = Some((i, *d));
+                }
+            }
+        }
+    }
+    let verdict = match (denied, failed) {
+        // A definite denial beats a store that could not answer.
+        (Some((i, _)), _) => Verdict::Limited(i),
+        (None, Some(i)) => Verdict::StoreDown(i),
+        // Every policy asked allowed (a layer has at least one).
+        (None, None) => return Verdict::Allowed(allowed.map_or(0, |(i, _)| i)),
+    };
+    for (answer, limit) in answers.iter().zip(shared.limits.iter()) {
+        if let Some(Ok(d)) = answer {
+            if d.is_allowed() {
+                limit.store.undo(key, d);
+            }
+        }
+    }
+    verdict
+}
+
+fn act<Req, S, K, X, St, M, Co, Ex>(
+    shared: &Shared<K, X, St, M, Co, Ex>,
+    req: &Req,
+    key: &K,
+    verdict: Verdict,
+    answers: &Answers,
+) -> Action<M::Response, M::Error>
+where
+    S: Service<Req>,
+    M: RejectionMode<Req, S>,
+{
+    let report = |i: usize| {
+        let decision = match &answers[i] {
+            Some(Ok(d)) => *d,
+            _ => Decision::allow_unchecked(0),
+        };
+        Report {
+            decision,
+            quoted_name: &shared.limits[i].quoted_name,
+            policy_header: &shared.policy_header,
+        }
+    };
+    match verdict {
+        Verdict::Allowed(i) => Action::Forward(shared.mode.allowed_headers(&report(i))),
+        Verdict::Limited(i) => {
+            let report = report(i);
+            let name = &shared.limits[i].name;
+            let d = &report.decision;
+            let retry_ms = d.retry_after().map(|w| w.as_millis() as u64);
+            if shared.dry_run {
+                LayerCounters::bump(&shared.counters.dry_run_rejections);
+                match shared.loggable_key(key) {
+                    Some(key) => {
+                        tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, %key, "rate limit (dry run): would reject")
+                    }
+                    None => {
+                        tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit (dry run): would reject")
+                    }
+                }
+                return Action::Forward(shared.mode.allowed_headers(&report));
+            }
+            match shared.loggable_key(key) {
+                Some(key) => {
+                    tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, %key, "rate limit: rejected")
+                }
+                None => {
+                    tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit: rejected")
+                }
+            }
+            // The seam for waiting modes: a wait would be one more `Action`.
+            match shared.on_limit {
+                OnLimit::Reject => {
+                    Action::Reject(shared.mode.reject(req, Rejection::Limited(report, name)))
+                }
+            }
+        }
+        Verdict::StoreDown(i) => {
+            LayerCounters::bump(&shared.counters.store_errors);
+            let Some(Err(error)) = &answers[i] else {
+                return Action::Forward(None); // StoreDown always names a failed store
+            };
+            tracing::warn!(policy = %shared.limits[i].name, %error, dry_run = shared.dry_run, "rate limit: store could not decide");
+            if shared.dry_run {
+                return Action::Forward(None);
+            }
+            Action::Reject(shared.mode.reject(req, Rejection::StoreUnavailable(error)))
+        }
+    }
+}

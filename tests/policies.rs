@@ -1,0 +1,457 @@
+//! Layer behaviour in-process, on tokio's paused clock: several policies,
+//! cost, exemption, dry run, error mode, remote stores, key logging.
+
+use http::{Request, Response, StatusCode};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_sliding_window::{
+    Decision, GlobalKey, KeyMissing, Limiter, MissingKey, Policy, RateLimited, SlidingWindowLayer,
+    Store, StoreError,
+};
+
+fn policy(name: &str, limit: u32, window: Duration) -> Policy {
+    Policy::builder()
+        .name(name)
+        .limit(limit)
+        .window(window)
+        .build()
+        .unwrap()
+}
+
+type Body = String;
+
+fn ok_service(
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
+{
+    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_owned())) })
+}
+
+fn request(user: &str) -> Request<Body> {
+    Request::builder()
+        .header("x-user", user)
+        .body(String::new())
+        .unwrap()
+}
+
+fn user(req: &Request<Body>) -> Option<String> {
+    req.headers()
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+async fn status<S>(svc: &mut S, req: Request<Body>) -> (StatusCode, Option<String>)
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let response = svc.ready().await.unwrap().call(req).await.unwrap();
+    let rate = response
+        .headers()
+        .get("ratelimit")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (response.status(), rate)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_denied_by_one_policy_consumes_nothing_from_the_others() {
+    let layer = SlidingWindowLayer::builder(user)
+        .policy(policy("burst", 1, Duration::from_secs(1)))
+        .policy(policy("minute", 3, Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let minute = layer.clone();
+    let mut svc = layer.layer(ok_service());
+
+    // Allowed: burst has 0/1 left, minute 2/3; the header reports the closer one.
+    let (s, rate) = status(&mut svc, request("u")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(rate.unwrap().starts_with("\"burst\";r=0;"));
+
+    // Denied by burst: minute must not count it.
+    for _ in 0..5 {
+        assert_eq!(
+            status(&mut svc, request("u")).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    let usage = minute.stores().nth(1).unwrap().usage(&"u".to_owned());
+    assert_eq!(usage.used, 1);
+
+    for expected_minute_remaining in [1, 0] {
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        let (s, rate) = status(&mut svc, request("u")).await;
+        assert_eq!(s, StatusCode::OK);
+        // burst 0/1 and minute 0/3 tie at ratio 0 at the end; either is closest.
+        let rate = rate.unwrap();
+        assert!(
+            rate.contains(";r=0;") || rate.contains(&format!(";r={expected_minute_remaining};"))
+        );
+    }
+
+    // Now the minute policy denies, with the longer wait reported.
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    let response = svc.ready().await.unwrap().call(request("u")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers()["ratelimit"]
+        .to_str()
+        .unwrap()
+        .starts_with("\"minute\";r=0;"));
+    let retry: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry > 50, "reports the minute policy's wait, got {retry}");
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        "\"burst\";q=1;w=1, \"minute\";q=3;w=60"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sub_second_waits_round_up_to_one_second() {
+    let layer = SlidingWindowLayer::new(policy("p", 1, Duration::from_secs(1)), GlobalKey).unwrap();
+    let mut svc = layer.layer(ok_service());
+    assert_eq!(status(&mut svc, request("a")).await.0, StatusCode::OK);
+    tokio::time::advance(Duration::from_millis(950)).await;
+    let response = svc.ready().await.unwrap().call(request("a")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cost_exemption_and_cost_above_the_limit() {
+    let layer = SlidingWindowLayer::builder(user)
+        .policy(policy("units", 10, Duration::from_secs(60)))
+        .cost(|req: &Request<Body>| {
+            req.headers()
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .exempt(|req: &Request<Body>| req.headers().contains_key("x-internal"))
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let mut svc = layer.layer(ok_service());
+    let with = |cost: &str| {
+        let mut req = request("u");
+        req.headers_mut().insert("x-cost", cost.parse().unwrap());
+        req
+    };
+
+    let (s, rate) = status(&mut svc, with("7")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(rate.unwrap().contains(";r=3;"));
+    assert_eq!(
+        status(&mut svc, with("4")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Exempt requests pass uncounted and without headers.
+    let mut internal = with("100");
+    internal
+        .headers_mut()
+        .insert("x-internal", "1".parse().unwrap());
+    assert_eq!(status(&mut svc, internal).await, (StatusCode::OK, None));
+    assert_eq!(status(&mut svc, with("3")).await.0, StatusCode::OK);
+
+    // A cost above the limit can never pass: no Retry-After.
+    let response = svc.ready().await.unwrap().call(with("11")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!response.headers().contains_key("retry-after"));
+    assert!(response.headers().contains_key("ratelimit"));
+    let counted = stats.stores().next().unwrap().usage(&"u".to_owned());
+    assert_eq!(counted.used, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_decides_and_counts_but_never_blocks() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("trial", 2, Duration::from_secs(60)))
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let mut svc = layer.layer(ok_service());
+    let mut last = None;
+    for _ in 0..5 {
+        let (s, rate) = status(&mut svc, request("u")).await;
+        assert_eq!(s, StatusCode::OK);
+        last = rate;
+    }
+    assert!(
+        last.unwrap().contains(";r=0;"),
+        "headers still tell the truth"
+    );
+    assert_eq!(stats.stats().dry_run_rejections, 3);
+    let limiter = stats.stores().next().unwrap().stats();
+    assert_eq!((limiter.admitted, limiter.rejected), (2, 3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_key_can_be_allowed_or_use_a_fallback_key() {
+    let allow = SlidingWindowLayer::builder(user)
+        .policy(policy("p", 1, Duration::from_secs(60)))
+        .missing_key(MissingKey::Allow)
+        .build()
+        .unwrap();
+    let mut svc = allow.layer(ok_service());
+    let anonymous = || Request::new(String::new());
+    for _ in 0..3 {
+        assert_eq!(status(&mut svc, anonymous()).await, (StatusCode::OK, None));
+    }
+
+    let fallback = SlidingWindowLayer::builder(user)
+        .policy(policy("p", 1, Duration::from_secs(60)))
+        .missing_key(MissingKey::Fallback("anonymous".to_owned()))
+        .build()
+        .unwrap();
+    let mut svc = fallback.layer(ok_service());
+    assert_eq!(status(&mut svc, anonymous()).await.0, StatusCode::OK);
+    assert_eq!(
+        status(&mut svc, anonymous()).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&mut svc, request("named")).await.0, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn call_without_poll_ready_does_not_panic() {
+    let layer = SlidingWindowLayer::new(policy("p", 1, Duration::from_secs(1)), GlobalKey).unwrap();
+    let mut svc = layer.layer(ok_service());
+    assert_eq!(
+        svc.call(request("a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        svc.call(request("a")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_http_requests_get_downcastable_error_values() {
+    let layer = SlidingWindowLayer::builder(|job: &(Option<u32>, &'static str)| job.0)
+        .policy(policy("jobs", 1, Duration::from_secs(10)))
+        .reject_with_errors()
+        .build()
+        .unwrap();
+    let mut svc = ServiceBuilder::new().layer(layer).service_fn(
+        |job: (Option<u32>, &'static str)| async move {
+            if job.1 == "fail" {
+                Err::<&str, BoxError>("inner failure".into())
+            } else {
+                Ok(job.1)
+            }
+        },
+    );
+    let mut call = |job| svc.call(job);
+    assert_eq!(call((Some(1), "a")).await.unwrap(), "a");
+    let err = call((Some(1), "b")).await.unwrap_err();
+    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    assert_eq!(limited.policy_name(), "jobs");
+    assert_eq!(limited.decision().remaining(), 0);
+    assert!(limited.to_string().contains("retry after"));
+    let err = call((None, "c")).await.unwrap_err();
+    assert!(err.is::<KeyMissing>());
+    let err = call((Some(2), "fail")).await.unwrap_err();
+    assert_eq!(err.to_string(), "inner failure");
+}
+
+/// A store that answers later (like a remote one), wrapping a limiter, and
+/// counting how many times it was asked.
+#[derive(Clone)]
+struct SlowStore {
+    limiter: Arc<Limiter<String>>,
+    asked: Arc<AtomicUsize>,
+    down: bool,
+    hang: bool,
+}
+
+impl SlowStore {
+    fn new(policy: Policy, down: bool) -> Self {
+        SlowStore {
+            limiter: Arc::new(Limiter::new(policy).unwrap()),
+            asked: Arc::default(),
+            down,
+            hang: false,
+        }
+    }
+}
+
+impl Store<String> for SlowStore {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+    fn check_n(&self, key: &String, cost: u32) -> Self::Future {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        let (limiter, key, down, hang) = (self.limiter.clone(), key.clone(), self.down, self.hang);
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            if down {
+                Err(StoreError::new(
+                    "connection refused",
+                    Duration::from_millis(1500),
+                ))
+            } else {
+                Ok(limiter.check_n(&key, cost))
+            }
+        })
+    }
+
+    fn undo(&self, key: &String, decision: &Decision) {
+        self.limiter.undo(key, decision)
+    }
+
+    fn policy(&self) -> &Policy {
+        self.limiter.policy()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn remote_stores_are_awaited_and_combined() {
+    let a = SlowStore::new(policy("a", 2, Duration::from_secs(60)), false);
+    let b = SlowStore::new(policy("b", 3, Duration::from_secs(60)), false);
+    let layer = SlidingWindowLayer::builder(user)
+        .store(a.clone())
+        .store(b.clone())
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    assert_eq!(status(&mut svc, request("u")).await.0, StatusCode::OK);
+    assert_eq!(status(&mut svc, request("u")).await.0, StatusCode::OK);
+    let (s, rate) = status(&mut svc, request("u")).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert!(rate.unwrap().starts_with("\"a\";r=0"));
+    // b admitted the third request, then gave it back.
+    assert_eq!(b.limiter.usage(&"u".to_owned()).used, 2);
+    assert_eq!(a.asked.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_stores_decide_gives_its_units_back() {
+    let quick = SlowStore::new(policy("quick", 5, Duration::from_secs(60)), false);
+    let mut stuck = SlowStore::new(policy("stuck", 5, Duration::from_secs(60)), false);
+    stuck.hang = true;
+    let layer = SlidingWindowLayer::builder(user)
+        .store(quick.clone())
+        .store(stuck)
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    let call = svc.ready().await.unwrap().call(request("u"));
+    // The caller gives up (a client timeout, a closed connection).
+    assert!(tokio::time::timeout(Duration::from_secs(1), call)
+        .await
+        .is_err());
+    assert_eq!(quick.asked.load(Ordering::Relaxed), 1);
+    assert_eq!(quick.limiter.usage(&"u".to_owned()).used, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_cannot_decide_fails_closed_with_503() {
+    let layer = SlidingWindowLayer::builder(user)
+        .store(SlowStore::new(
+            policy("down", 5, Duration::from_secs(60)),
+            true,
+        ))
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let mut svc = layer.layer(ok_service());
+    let response = svc.ready().await.unwrap().call(request("u")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "2");
+    assert_eq!(stats.stats().store_errors, 1);
+
+    let mut grpc = request("u");
+    grpc.headers_mut()
+        .insert("content-type", "application/grpc".parse().unwrap());
+    let response = svc.ready().await.unwrap().call(grpc).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "14");
+}
+
+/// A writer that keeps what tracing writes, to check what gets logged.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn logs_of(layer_logs_keys: bool) -> String {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let builder = SlidingWindowLayer::builder(user).policy(policy("p", 1, Duration::from_secs(9)));
+    let layer = if layer_logs_keys {
+        builder.log_keys().build().unwrap()
+    } else {
+        builder.build().unwrap()
+    };
+    let mut svc = layer.layer(ok_service());
+    status(&mut svc, request("secret-user-42")).await;
+    status(&mut svc, request("secret-user-42")).await;
+    let bytes = captured.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejections_are_logged_and_keys_only_on_opt_in() {
+    let quiet = logs_of(false).await;
+    assert!(quiet.contains("rate limit: rejected"), "{quiet}");
+    assert!(quiet.contains("policy=p"), "{quiet}");
+    assert!(!quiet.contains("secret-user-42"), "{quiet}");
+
+    let loud = logs_of(true).await;
+    assert!(loud.contains("key=\"secret-user-42\""), "{loud}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_never_pass_the_tighter_policy_and_leave_no_stray_counts() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("tight", 7, Duration::from_secs(3600)))
+        .policy(policy("loose", 1000, Duration::from_secs(3600)))
+        .build()
+        .unwrap();
+    let stores = layer.clone();
+    let svc = layer.layer(ok_service());
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(request("u")).await.unwrap().status() })
+        })
+        .collect();
+    let mut ok = 0;
+    for task in tasks {
+        if task.await.unwrap() == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    // Racing checks may both be denied near the limit (the safe side), never both admitted.
+    assert!((1..=7).contains(&ok), "{ok} admitted");
+    // Every denied request gave its unit back to the loose policy.
+    let loose = stores.stores().nth(1).unwrap().usage(&());
+    assert_eq!(loose.used, ok);
+}

@@ -1,0 +1,198 @@
+//! Threads hammering one key while a driver steps a `ManualClock`: every
+//! admission is recorded by the slot it was counted in, and no N + 1 consecutive
+//! slots may ever hold more than the limit. Bounded by check counts, not time.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+use tower_sliding_window::{Limiter, ManualClock, Policy};
+
+const THREADS: usize = 3;
+const CHECKS_PER_THREAD: usize = 20_000;
+const LIMIT: u64 = 8;
+const BUCKETS: u64 = 4;
+const WIDTH: u64 = 1_000; // ns
+/// The driver moves the clock once per this many checks (all threads together).
+const CHECKS_PER_STEP: usize = 3;
+
+/// One check as a worker saw it.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    slot: u64,
+    cost: u64,
+    allowed: bool,
+    /// Denied, yet a peek right after, at the same slot, showed room for the cost.
+    room_after: bool,
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// The next clock step: mostly within a bucket, sometimes across one or several,
+/// rarely past a whole window (the ring goes idle and is reset under the workers).
+fn step(rng: &mut Rng) -> u64 {
+    match rng.below(100) {
+        0..=74 => rng.below(WIDTH / 4),
+        75..=94 => WIDTH + rng.below(WIDTH),
+        95..=98 => 2 * WIDTH + rng.below(BUCKETS * WIDTH),
+        _ => (BUCKETS + 1) * WIDTH + rng.below(3 * BUCKETS * WIDTH),
+    }
+}
+
+/// Run the threads; `cost` picks each check's cost from a per-thread generator.
+fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, ManualClock>) {
+    let clock = ManualClock::new();
+    let policy = Policy::builder()
+        .limit(LIMIT as u32)
+        .window(Duration::from_nanos(BUCKETS * WIDTH))
+        .buckets(BUCKETS as u32)
+        .build()
+        .unwrap();
+    let limiter = Arc::new(
+        Limiter::builder(policy)
+            .clock(clock.clone())
+            .build::<u8>()
+            .unwrap(),
+    );
+    // `done` counts finished checks, `steps` clock steps. Workers run only while
+    // done < (steps + 1) * CHECKS_PER_STEP, so time and checks advance together.
+    let done = Arc::new(AtomicUsize::new(0));
+    let steps = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let (limiter, done, start) = (limiter.clone(), done.clone(), start.clone());
+            let steps = steps.clone();
+            thread::spawn(move || {
+                let mut rng = Rng(seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                let mut records = Vec::with_capacity(CHECKS_PER_THREAD);
+                start.wait();
+                for _ in 0..CHECKS_PER_THREAD {
+                    while done.load(SeqCst) >= (steps.load(SeqCst) + 1) * CHECKS_PER_STEP {
+                        thread::yield_now();
+                    }
+                    let c = cost(&mut rng);
+                    let d = limiter.check_n(&0, c as u32);
+                    let room_after = !d.is_allowed() && {
+                        let p = limiter.peek(&0, c as u32);
+                        p.is_allowed() && p.recorded_slot() == d.recorded_slot()
+                    };
+                    records.push(Record {
+                        slot: d.recorded_slot(),
+                        cost: c,
+                        allowed: d.is_allowed(),
+                        room_after,
+                    });
+                    done.fetch_add(1, SeqCst);
+                }
+                records
+            })
+        })
+        .collect();
+    let driver = {
+        let (clock, done, start) = (clock.clone(), done.clone(), start.clone());
+        let steps = steps.clone();
+        thread::spawn(move || {
+            let mut rng = Rng(seed);
+            let total = THREADS * CHECKS_PER_THREAD;
+            start.wait();
+            for k in 1.. {
+                while done.load(SeqCst) < (k * CHECKS_PER_STEP).min(total) {
+                    thread::yield_now();
+                }
+                if k * CHECKS_PER_STEP >= total {
+                    break;
+                }
+                clock.advance(Duration::from_nanos(step(&mut rng)));
+                steps.store(k, SeqCst);
+            }
+        })
+    };
+    let records = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    driver.join().unwrap();
+    let limiter = Arc::try_unwrap(limiter).unwrap();
+    (records, limiter)
+}
+
+/// Units per slot of the records that pass `filter`.
+fn per_slot(records: &[Record], filter: impl Fn(&Record) -> bool) -> BTreeMap<u64, u64> {
+    let mut slots = BTreeMap::new();
+    for r in records.iter().filter(|r| filter(r)) {
+        *slots.entry(r.slot).or_insert(0) += r.cost;
+    }
+    slots
+}
+
+fn span(slots: &BTreeMap<u64, u64>, x: u64) -> u64 {
+    slots
+        .range(x.saturating_sub(BUCKETS)..=x)
+        .map(|(_, c)| c)
+        .sum()
+}
+
+fn assert_no_span_over_limit(records: &[Record]) {
+    let admitted = per_slot(records, |r| r.allowed);
+    for &x in admitted.keys() {
+        let units = span(&admitted, x + BUCKETS);
+        assert!(
+            units <= LIMIT,
+            "{units} units admitted in slots {x}..={}",
+            x + BUCKETS
+        );
+    }
+}
+
+#[test]
+fn racing_checks_on_one_key_never_admit_more_than_limit_in_any_span() {
+    let (records, limiter) = hammer(0x5eed, |_| 1);
+    assert_no_span_over_limit(&records);
+
+    let allowed = records.iter().filter(|r| r.allowed).count() as u64;
+    let denied = records.len() as u64 - allowed;
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.rejected), (allowed, denied));
+    assert!(allowed > 0);
+
+    // Spurious denials, two ways. (1) Denied while room remained: a peek right
+    // after, at the same slot, had room. Admitted units never leave a slot's span
+    // while time stays in that slot, so the denial's sum must have included
+    // tentative units of racing checks that were then taken back: racing checks
+    // both denied. A lower bound (a later check may take the room first).
+    // (2) Capacity lost: a denial at slot x while slot x's span ended with room to
+    // spare; with cost 1 that is min(denied, L - final span) per slot.
+    let denied_with_room = records.iter().filter(|r| r.room_after).count();
+    let admitted = per_slot(&records, |r| r.allowed);
+    let denials = per_slot(&records, |r| !r.allowed);
+    let lost: u64 = denials
+        .iter()
+        .map(|(&x, &d)| d.min(LIMIT - span(&admitted, x)))
+        .sum();
+    println!(
+        "stress: {THREADS} threads x {CHECKS_PER_THREAD} checks on one key, L = {LIMIT}, N = {BUCKETS}: \
+         {allowed} admitted, {denied} denied; denied while room remained: {denied_with_room} \
+         ({:.3}% of denials, {:.3}% of checks); capacity lost at slot granularity: {lost} units",
+        100.0 * denied_with_room as f64 / denied.max(1) as f64,
+        100.0 * denied_with_room as f64 / records.len() as f64,
+    );
+}
+
+#[test]
+fn racing_checks_of_mixed_cost_never_admit_more_than_limit_in_any_span() {
+    let (records, _) = hammer(0xc057, |rng| 1 + rng.below(3));
+    assert_no_span_over_limit(&records);
+    assert!(records.iter().any(|r| r.allowed));
+}
