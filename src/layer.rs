@@ -17,9 +17,6 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 /// What the layer does when a request is over a limit.
-///
-/// Only [`OnLimit::Reject`] exists today; waiting variants (a bounded wait in the
-/// response future, backpressure in `poll_ready`) slot in here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnLimit {
@@ -27,6 +24,26 @@ pub enum OnLimit {
     /// [`RateLimited`](crate::RateLimited) error (error mode).
     #[default]
     Reject,
+    /// Hold the request in its response future until its turn, FIFO per key, and
+    /// forward it at the instant the policies allow. A request whose turn would
+    /// come later than `max_wait` after its arrival, or that finds `max_queue`
+    /// requests of its key already waiting, is rejected at once (as with
+    /// `Reject`, its `Retry-After` telling when its turn would have come).
+    /// Dropping the response future (a client gone, a timeout) leaves the queue
+    /// and gives back any units it was admitted with. In-memory limiters only.
+    Wait {
+        /// The longest a request may wait for its turn.
+        max_wait: std::time::Duration,
+        /// The most requests of one key waiting at once (at least 1).
+        max_queue: usize,
+    },
+    /// For a global limit ([`GlobalKey`](crate::GlobalKey)): `poll_ready` returns
+    /// `Pending` while the window is full and reserves a unit when ready, which
+    /// the next `call` spends (a clone, or a service dropped without calling,
+    /// gives it back). Every clone waiting on the limit is served in turn.
+    /// A keyed layer cannot use it (`poll_ready` sees no request, so no key):
+    /// building one is a [`ConfigError`]. In-memory limiters only.
+    Backpressure,
 }
 
 /// What a request whose extractor returned `None` gets.
@@ -147,6 +164,10 @@ pub(crate) struct Shared<K, X, St, M, Co, Ex> {
     pub(crate) dry_run: bool,
     pub(crate) key_formatter: Option<KeyFormatter<K>>,
     pub(crate) counters: LayerCounters,
+    /// The wait queues of `OnLimit::Wait` and `OnLimit::Backpressure`.
+    pub(crate) wait: crate::waiting::LayerQueues<K>,
+    /// The key of a global limit (`()`), for `OnLimit::Backpressure`.
+    pub(crate) global_key: Option<K>,
 }
 
 impl<K, X, St, M, Co, Ex> Shared<K, X, St, M, Co, Ex> {
@@ -496,7 +517,9 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
     /// Errors: no policy, more than [`MAX_POLICIES`], stores mixed with
     /// [`policy`](Self::policy), a policy name that is not printable ASCII or is
     /// used twice, a rejection status that is not 4xx/5xx, a gRPC code outside
-    /// 1..=16, and any limiter configuration error.
+    /// 1..=16, any limiter configuration error, and for the waiting modes of
+    /// [`OnLimit`]: a store that is not in-memory, `max_queue` 0, or
+    /// `Backpressure` on a keyed layer.
     pub fn build(self) -> Result<SlidingWindowLayer<K, X, St, M, Co, Ex>, ConfigError>
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -542,6 +565,7 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
             });
         }
         let policy_header = response::policy_header(limits.iter().map(|l| l.store.policy()));
+        let (wait, global_key) = crate::waiting::configure(common.on_limit, &limits)?;
         Ok(SlidingWindowLayer {
             shared: Arc::new(Shared {
                 extractor: common.extractor,
@@ -555,6 +579,8 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
                 dry_run: common.dry_run,
                 key_formatter: common.key_formatter,
                 counters: LayerCounters::default(),
+                wait,
+                global_key,
             }),
         })
     }

@@ -90,6 +90,7 @@ mod stats;
 mod store;
 mod sync;
 mod wait;
+mod waiting;
 
 pub use backpressure::Backpressure;
 pub use clock::{Clock, ManualClock, TokioClock};

@@ -720,9 +720,7 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Reservation<K, G, 
                 }
                 ReservationState::Waiting(waiter) => match Pin::new(waiter).poll(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(admitted)) => {
-                        self.state = ReservationState::Reserved(admitted)
-                    }
+                    Poll::Ready(Ok(admitted)) => self.state = ReservationState::Reserved(admitted),
                     Poll::Ready(Err(rejection)) => {
                         self.state = ReservationState::Idle;
                         return Poll::Ready(Err(rejection));
