@@ -195,7 +195,7 @@ fn main() {
     if std::env::args().any(|a| a == "--profile-queue") {
         // For `perf record`: the queued scenario alone.
         for _ in 0..20 {
-            queued(1, 2_000, 50);
+            queued(1, 2_000, 1);
         }
         return;
     }
