@@ -17,6 +17,39 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 /// What the layer does when a request is over a limit.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_sliding_window::{OnLimit, Policy, SlidingWindowLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let by_user = |req: &Request<String>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec());
+/// // 1 request per 1.5 s per user (15 buckets of 100 ms); wait up to 2 s for a turn.
+/// let layer = SlidingWindowLayer::builder(by_user)
+///     .policy(Policy::per(1, Duration::from_millis(1500))?)
+///     .on_limit(OnLimit::Wait { max_wait: Duration::from_secs(2), max_queue: 8 })
+///     .build()?;
+/// let svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+///
+/// let req = || Request::builder().header("x-user", "ada").body(String::new()).unwrap();
+/// let start = tokio::time::Instant::now();
+/// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
+/// // The second waits until the first leaves the window (1.5 s plus a bucket)...
+/// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
+/// assert_eq!(start.elapsed(), Duration::from_millis(1600));
+/// // ...and one whose turn would come after more than 2 s is rejected at once.
+/// let (second, third) = (svc.clone().oneshot(req()), svc.clone().oneshot(req()));
+/// let (second, third) = tokio::join!(second, third);
+/// assert_eq!(second?.status(), StatusCode::OK);
+/// assert_eq!(third?.status(), StatusCode::TOO_MANY_REQUESTS);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnLimit {

@@ -56,6 +56,11 @@
 //! [`RateLimited`] error. See [`SlidingWindowLayerBuilder`] for several policies,
 //! request costs, exemptions, dry runs and remote [`Store`]s.
 //!
+//! Instead of rejecting, a request over the limit can wait its turn in its
+//! response future, FIFO per key and bounded ([`OnLimit::Wait`]), or a global
+//! limit can hold back `poll_ready` ([`OnLimit::Backpressure`]). The queues
+//! work without tower too: [`WaitQueues`] and [`Backpressure`].
+//!
 //! # The precision guarantee
 //!
 //! In [`Precision::Strict`] mode (the default), **no interval of length `window`
