@@ -302,3 +302,68 @@ fn waiting_modes_are_checked_when_the_layer_is_built() {
         .build();
     assert!(matches!(no_queue, Err(ConfigError::Invalid(_))));
 }
+
+/// A store that answers through a future only, like a remote one.
+struct RemoteStore(tower_sliding_window::Limiter<String>);
+
+impl tower_sliding_window::Store<String> for RemoteStore {
+    type Future = std::future::Ready<
+        Result<tower_sliding_window::Decision, tower_sliding_window::StoreError>,
+    >;
+
+    fn check_n(&self, key: &String, cost: u32) -> Self::Future {
+        std::future::ready(Ok(self.0.check_n(key, cost)))
+    }
+
+    fn undo(&self, key: &String, decision: &tower_sliding_window::Decision) {
+        self.0.undo(key, decision)
+    }
+
+    fn policy(&self) -> &Policy {
+        self.0.policy()
+    }
+}
+
+#[test]
+fn waiting_needs_in_memory_limiters() {
+    let store = RemoteStore(tower_sliding_window::Limiter::new(per(1, 1000)).unwrap());
+    let remote = SlidingWindowLayer::<String, _>::builder(by_key)
+        .store(store)
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(100),
+            max_queue: 4,
+        })
+        .build();
+    match remote {
+        Err(ConfigError::Invalid(msg)) => assert!(msg.contains("in-memory"), "{msg}"),
+        other => panic!(
+            "expected a configuration error, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_never_holds_a_request_back() {
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+    let start = Instant::now();
+    for _ in 0..3 {
+        let response = svc.clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(Instant::now(), start, "nothing waited");
+    assert_eq!(layer.stats().dry_run_rejections, 2);
+    assert_eq!(layer.wait_stats().admitted_after_wait, 0);
+}
