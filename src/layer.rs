@@ -73,7 +73,9 @@ pub enum OnLimit {
     /// For a global limit ([`GlobalKey`](crate::GlobalKey)): `poll_ready` returns
     /// `Pending` while the window is full and reserves a unit when ready, which
     /// the next `call` spends (a clone, or a service dropped without calling,
-    /// gives it back). Every clone waiting on the limit is served in turn.
+    /// gives it back). Every clone waiting on the limit is served in turn. A
+    /// `call` without a reservation (no `poll_ready`, or a request costing more
+    /// than one unit) waits for its turn in its response future instead.
     /// A keyed layer cannot use it (`poll_ready` sees no request, so no key):
     /// building one is a [`ConfigError`]. In-memory limiters only.
     Backpressure,
