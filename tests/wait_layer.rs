@@ -367,3 +367,43 @@ async fn a_dry_run_never_holds_a_request_back() {
     assert_eq!(layer.stats().dry_run_rejections, 2);
     assert_eq!(layer.wait_stats().admitted_after_wait, 0);
 }
+
+/// In an axum app, where every request reaches the layer through a fresh clone
+/// (`oneshot`), backpressure still serves every request in turn.
+#[tokio::test(start_paused = true)]
+async fn an_axum_app_with_backpressure_serves_every_request_in_turn() {
+    use axum::{body::Body, routing::get, Router};
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(2, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let log = served.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let log = log.clone();
+                async move {
+                    log.lock().unwrap().push((String::new(), Instant::now()));
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer);
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            tokio::spawn(
+                app.clone()
+                    .oneshot(Request::get("/").body(Body::empty()).unwrap()),
+            )
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
+    assert_eq!(at, [0, 0, 1600, 1600, 3200].map(|t| start + ms(t)));
+}
