@@ -61,6 +61,75 @@ impl Clock for TokioClock {
     }
 }
 
+/// `CLOCK_MONOTONIC_COARSE`: the time of the kernel's last tick, read from the
+/// vDSO without touching the TSC. About a quarter of the cost of
+/// `Instant::now` on the benchmark machine (see `benches/clock.rs`), at the price
+/// of a resolution of one kernel tick (typically 1–4 ms; [`Clock::resolution`]
+/// reports it, and a policy whose bucket is narrower is rejected at build time).
+///
+/// Unlike [`TokioClock`] it does not follow tokio's paused clock, so tests that
+/// drive time with `tokio::time::advance` should keep the default. Decisions are
+/// exact in this clock's time, which lags real time by less than one tick.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{CoarseClock, Limiter, Policy};
+///
+/// let limiter = Limiter::builder(Policy::per(100, Duration::from_secs(1)).unwrap())
+///     .clock(CoarseClock::new())
+///     .build()
+///     .unwrap();
+/// assert!(limiter.check(&"client").is_allowed());
+/// ```
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+#[derive(Debug, Clone, Copy)]
+pub struct CoarseClock {
+    origin: u64,
+}
+
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+impl CoarseClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        CoarseClock {
+            origin: coarse_nanos(),
+        }
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+impl Default for CoarseClock {
+    fn default() -> Self {
+        CoarseClock::new()
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+#[inline]
+fn coarse_nanos() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+impl Clock for CoarseClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        coarse_nanos().saturating_sub(self.origin)
+    }
+
+    fn resolution(&self) -> Duration {
+        let r = rustix::time::clock_getres(rustix::time::ClockId::MonotonicCoarse);
+        Duration::new(
+            r.tv_sec.max(0) as u64,
+            r.tv_nsec.clamp(0, 999_999_999) as u32,
+        )
+        .max(Duration::from_nanos(1))
+    }
+}
+
 /// A clock set by hand, for tests and simulations. Clones share one time.
 ///
 /// ```
@@ -114,5 +183,39 @@ impl<C: Clock> Clock for Arc<C> {
 
     fn resolution(&self) -> Duration {
         (**self).resolution()
+    }
+}
+
+#[cfg(all(
+    test,
+    not(tsw_loom),
+    any(target_os = "linux", target_os = "android", target_os = "freebsd")
+))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coarse_clock_never_goes_back_and_reports_its_tick() {
+        let clock = CoarseClock::new();
+        let mut last = clock.now_nanos();
+        for _ in 0..1000 {
+            let now = clock.now_nanos();
+            assert!(now >= last);
+            last = now;
+        }
+        let tick = clock.resolution();
+        assert!(tick > Duration::ZERO && tick < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn coarse_clock_rejects_buckets_below_its_tick() {
+        let policy = crate::Policy::per(10, Duration::from_nanos(15)).unwrap();
+        let built: Result<crate::Limiter<u8, _>, _> = crate::Limiter::builder(policy)
+            .clock(CoarseClock::new())
+            .build();
+        assert!(matches!(
+            built,
+            Err(crate::ConfigError::BucketBelowClockResolution { .. })
+        ));
     }
 }

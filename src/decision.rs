@@ -44,6 +44,8 @@ pub struct Decision {
     pub(crate) cost: u32,
     /// Counted in the limiter's shared overflow ring (the key was not tracked).
     pub(crate) overflow: bool,
+    /// Allowed without consulting the store (a store that failed open).
+    pub(crate) unchecked: bool,
 }
 
 impl Decision {
@@ -91,11 +93,13 @@ impl Decision {
             slot: 0,
             cost: 0,
             overflow: false,
+            unchecked: false,
         }
     }
 
     /// A decision made without consulting a store: allowed, reporting `limit`
-    /// as remaining. Used by stores that fail open and by tests.
+    /// as remaining, and [`is_unchecked`](Decision::is_unchecked). Used by stores
+    /// that fail open and by tests.
     pub fn allow_unchecked(limit: u32) -> Decision {
         Decision {
             outcome: Outcome::Allowed,
@@ -106,6 +110,7 @@ impl Decision {
             slot: 0,
             cost: 0,
             overflow: false,
+            unchecked: true,
         }
     }
 
@@ -126,6 +131,7 @@ impl Decision {
             slot: 0,
             cost: 0,
             overflow: false,
+            unchecked: false,
         }
     }
 
@@ -134,6 +140,13 @@ impl Decision {
     #[doc(hidden)]
     pub fn recorded_slot(&self) -> u64 {
         self.slot
+    }
+
+    /// True when the request was let through without a decision: the store could
+    /// not be reached and is configured to fail open. `remaining` and `reset` then
+    /// say nothing about the key (a layer may leave its rate-limit headers out).
+    pub fn is_unchecked(&self) -> bool {
+        self.unchecked
     }
 
     /// The units this decision counted (0 unless allowed by a consuming check).

@@ -74,6 +74,14 @@
 //!
 //! Decisions use a [`Clock`]: [`TokioClock`] (the default) follows tokio's clock, so
 //! tests run on paused time; [`ManualClock`] is set by hand.
+//!
+//! # Feature flags
+//!
+//! - `redis`: `RedisStore`, a [`Store`] in Redis shared by a fleet of instances,
+//!   with the same strict guarantee (one Lua script per decision on Redis' own
+//!   clock, hash-tagged keys that expire by themselves, a timeout with an explicit
+//!   fail-open / fail-closed choice, and a local deny cache). Give it to
+//!   [`SlidingWindowLayerBuilder::store`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -88,6 +96,8 @@ mod layer;
 mod limiter;
 mod mode;
 mod policy;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod response;
 mod ring;
 mod service;
@@ -98,6 +108,8 @@ mod wait;
 mod waiting;
 
 pub use backpressure::Backpressure;
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+pub use clock::CoarseClock;
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use decision::{Decision, Outcome};
 pub use error::{ConfigError, KeyMissing, RateLimited};
@@ -120,3 +132,13 @@ pub use store::{Store, StoreError};
 pub use wait::{Acquire, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected, WaitStats};
 #[doc(hidden)]
 pub use wait::{LocalStore, WindowSnapshot};
+
+/// The `redis` crate this store is built on (feature `redis`), for
+/// [`RedisStoreBuilder::client`].
+#[cfg(feature = "redis")]
+pub use ::redis;
+#[cfg(feature = "redis")]
+pub use redis_store::{
+    AsyncConnection, AsyncConnectionHandle, FailurePolicy, RedisFuture, RedisKey, RedisStore,
+    RedisStoreBuilder, RedisStoreStats,
+};

@@ -66,7 +66,9 @@ pub struct Limiter<K, C = TokioClock> {
     overflow: Ring,
     max_keys: usize,
     keys: AtomicUsize,
-    next_sweep_slot: AtomicU64,
+    /// Start (in clock nanoseconds) of the slot at which the next sweep step is
+    /// due: kept in nanoseconds so the per-check test needs no division.
+    next_sweep_at: AtomicU64,
     sweep_cursor: AtomicUsize,
     /// The newest clock reading any sweep judged idleness at. A ring created after
     /// its key was evicted starts no earlier, so a check that read the clock before
@@ -121,6 +123,7 @@ impl<C> LimiterBuilder<C> {
         }
         let geometry = Geometry::new(&self.policy);
         let now = self.clock.now_nanos();
+        let next_sweep_at = next_slot_start(now, self.policy.bucket_nanos());
         let partitions = (self.max_keys / KEYS_PER_PARTITION)
             .next_power_of_two()
             .clamp(1, MAX_PARTITIONS);
@@ -136,7 +139,7 @@ impl<C> LimiterBuilder<C> {
                 .collect(),
             max_keys: self.max_keys,
             keys: AtomicUsize::new(0),
-            next_sweep_slot: AtomicU64::new(geometry.slot(now) + 1),
+            next_sweep_at: AtomicU64::new(next_sweep_at),
             sweep_cursor: AtomicUsize::new(0),
             swept_at: AtomicU64::new(now),
             overflow_drained_at: AtomicU64::new(0),
@@ -346,17 +349,19 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 
     /// Once per bucket width, the first check to notice sweeps one partition.
+    /// `now >= next_sweep_at` is `slot(now) >= next slot` without the division.
     #[inline]
     fn maybe_sweep(&self, now: u64) {
-        let slot = self.geometry.slot(now);
-        let next = self.next_sweep_slot.load(Relaxed);
-        if slot >= next
-            && self
-                .next_sweep_slot
-                .compare_exchange(next, slot + 1, Relaxed, Relaxed)
+        let due = self.next_sweep_at.load(Relaxed);
+        if now >= due {
+            let next = next_slot_start(now, self.policy.bucket_nanos());
+            if self
+                .next_sweep_at
+                .compare_exchange(due, next, Relaxed, Relaxed)
                 .is_ok()
-        {
-            self.sweep_step(now);
+            {
+                self.sweep_step(now);
+            }
         }
     }
 
@@ -387,6 +392,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         }
         removed
     }
+}
+
+/// Where the slot after the one holding `now` begins (saturating at the end of time).
+fn next_slot_start(now: u64, bucket_nanos: u64) -> u64 {
+    (now / bucket_nanos + 1).saturating_mul(bucket_nanos)
 }
 
 impl<K, C> std::fmt::Debug for Limiter<K, C> {

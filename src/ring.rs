@@ -70,6 +70,9 @@ pub(crate) struct Geometry {
     width: u64,
     limit: u32,
     precision: Precision,
+    /// `len - 1` when `len` is a power of two (the default 16), else 0: positions
+    /// are then a mask, not a division.
+    mask: u64,
 }
 
 impl Geometry {
@@ -81,6 +84,7 @@ impl Geometry {
             width: policy.bucket_nanos(),
             limit: policy.limit(),
             precision: policy.precision(),
+            mask: if (n + 1).is_power_of_two() { n } else { 0 },
         }
     }
 
@@ -111,7 +115,12 @@ impl Geometry {
 
     #[inline]
     fn position(&self, slot: u64) -> usize {
-        1 + (slot % self.len) as usize
+        let p = if self.mask != 0 {
+            slot & self.mask
+        } else {
+            slot % self.len
+        };
+        1 + p as usize
     }
 
     /// The stale tag for ring position `p` (0-based) relative to slot `s`: one lap
@@ -196,6 +205,19 @@ impl Ring {
                 Add::Overflow => return self.denied(g, s, now, cost),
             }
             order_add_before_scan();
+            if g.precision == Precision::Strict && cost > 0 {
+                if let Some(used) = self.sum(g, s) {
+                    if self.reset_since(g, s) {
+                        self.take_back(g, s, cost);
+                        continue;
+                    }
+                    if used <= g.limit as u64 {
+                        return admitted_strict(g, used, s, now, cost);
+                    }
+                    self.take_back(g, s, cost);
+                    return self.denied_strict(g, s, now, cost, used - cost as u64);
+                }
+            }
             let scan = self.scan(g, s);
             if scan.newer || self.reset_since(g, s) {
                 self.take_back(g, s, cost);
@@ -324,6 +346,26 @@ impl Ring {
         scan
     }
 
+    /// Step 3, the common case: the units at ages `0..=N`, or `None` when some
+    /// bucket is newer than `s` or old enough to need normalising (then the full
+    /// [`scan`](Self::scan) handles it). Branch-light: this loop is most of a check.
+    #[inline]
+    fn sum(&self, g: &Geometry, s: u64) -> Option<u64> {
+        let s32 = s as u32;
+        let n = g.n as u32;
+        let mut used = 0u64;
+        // OR of all ages: below 2^30 exactly when every age is (N < 2^30). As u32, a
+        // newer tag's negative age is >= 2^31, so this also catches newer tags.
+        let mut ages = 0u32;
+        for bucket in self.cells[1..].iter() {
+            let cell = bucket.load(SeqCst);
+            let a = s32.wrapping_sub((cell >> 32) as u32);
+            ages |= a;
+            used += if a <= n { count(cell) as u64 } else { 0 };
+        }
+        (ages < NORMALIZE_AGE as u32).then_some(used)
+    }
+
     /// Step 4: whether a reset may have started since this check entered at `s`.
     fn reset_since(&self, g: &Geometry, s: u64) -> bool {
         let newest = self.cells[0].load(SeqCst);
@@ -378,9 +420,26 @@ impl Ring {
     fn denied(&self, g: &Geometry, s: u64, now: u64, cost: u32) -> Decision {
         let target = (g.limit as u64).saturating_sub(cost as u64);
         let w = g.width as u128;
-        let counts: Vec<u64> = (0..=g.n).map(|a| self.count_at_age(g, s, a)).collect();
+        // One pass over the ring, no division per age and no allocation for rings
+        // of up to 64 buckets: a flood of denials takes this path.
+        let mut small = [0u64; 64];
+        let mut large = Vec::new();
+        let counts: &mut [u64] = if g.len as usize <= small.len() {
+            &mut small[..g.len as usize]
+        } else {
+            large.resize(g.len as usize, 0);
+            &mut large
+        };
+        for bucket in self.cells[1..].iter() {
+            let cell = bucket.load(SeqCst);
+            let a = age(s, cell);
+            if a >= 0 && a as u64 <= g.n {
+                counts[a as usize] = count(cell) as u64;
+            }
+        }
+        let counts = &*counts;
         let mut used: u64 = counts.iter().sum();
-        let scan = self.scan_from_counts(&counts, g);
+        let scan = self.scan_from_counts(counts, g);
         let mut at: u128 = (s as u128 + g.n as u128 + 1) * w;
         for k in 0..=g.n {
             let leaving = counts[(g.n - k) as usize];
@@ -409,6 +468,45 @@ impl Ring {
         d.outcome = Outcome::Denied;
         d.retry_after = retry_after;
         d
+    }
+
+    /// [`denied`](Self::denied) for strict mode, given the `used` units others hold
+    /// in the span: walk from the oldest bucket only until enough units have expired
+    /// (usually one or two buckets), and from the youngest until one holds units.
+    fn denied_strict(&self, g: &Geometry, s: u64, now: u64, cost: u32, used: u64) -> Decision {
+        let need = used.saturating_sub((g.limit - cost) as u64);
+        let count_at = |a: u64| {
+            let cell = self.bucket(g, s.wrapping_sub(a)).load(SeqCst);
+            if age(s, cell) == a as i64 {
+                count(cell) as u64
+            } else {
+                0
+            }
+        };
+        // Units of age N leave the span first, when slot s + 1 begins.
+        let mut freed = 0;
+        let mut fits_at = s + g.len;
+        for k in 0..=g.n {
+            freed += count_at(g.n - k);
+            if freed >= need {
+                fits_at = s + k + 1;
+                break;
+            }
+        }
+        let youngest = (0..=g.n).find(|&a| count_at(a) > 0);
+        let until =
+            |slot: u64| Duration::from_nanos(slot.saturating_mul(g.width).saturating_sub(now));
+        Decision {
+            outcome: Outcome::Denied,
+            limit: g.limit,
+            remaining: (g.limit as u64).saturating_sub(used) as u32,
+            retry_after: until(fits_at).max(Duration::from_nanos(1)),
+            reset: youngest.map_or(Duration::ZERO, |a| until(s - a.min(s) + g.len)),
+            slot: s,
+            cost: 0,
+            overflow: false,
+            unchecked: false,
+        }
     }
 
     fn scan_from_counts(&self, counts: &[u64], g: &Geometry) -> Scan {
@@ -440,6 +538,24 @@ fn fits(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> bool {
     weighted(g, scan, s, now, extra) <= g.limit as u128 * g.width as u128
 }
 
+/// A strict admission at slot `s` of `cost > 0` units, `used` units in the span
+/// counting them: they are the youngest, so the window drains one span after `s`.
+#[inline]
+fn admitted_strict(g: &Geometry, used: u64, s: u64, now: u64, cost: u32) -> Decision {
+    let drained = (s + g.len).saturating_mul(g.width);
+    Decision {
+        outcome: Outcome::Allowed,
+        limit: g.limit,
+        remaining: (g.limit as u64 - used) as u32,
+        retry_after: Duration::ZERO,
+        reset: Duration::from_nanos(drained.saturating_sub(now)),
+        slot: s,
+        cost,
+        overflow: false,
+        unchecked: false,
+    }
+}
+
 /// An allowed decision reporting the state in `scan` (which includes this check's units).
 fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
     let w = g.width as u128;
@@ -458,6 +574,7 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
         slot: s,
         cost: 0,
         overflow: false,
+        unchecked: false,
     }
 }
 

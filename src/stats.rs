@@ -1,6 +1,7 @@
 //! Limiter-wide counters, striped per thread so that leaving them on costs one
 //! uncontended add per check instead of a shared cache line bouncing between cores.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 const STRIPES: usize = 16;
@@ -17,12 +18,22 @@ pub(crate) struct Counters {
     stripes: [Stripe; STRIPES],
 }
 
+/// This thread's stripe, assigned on first use. A const-initialised `Cell` keeps
+/// the per-check cost to one thread-local read (no lazy-init state to test).
+#[inline]
 fn stripe_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Relaxed) % STRIPES;
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    INDEX.with(|i| *i)
+    INDEX.with(|i| {
+        let mut index = i.get();
+        if index == usize::MAX {
+            index = NEXT.fetch_add(1, Relaxed) % STRIPES;
+            i.set(index);
+        }
+        index
+    })
 }
 
 impl Counters {

@@ -1,0 +1,150 @@
+//! Memory for 1M tracked keys, ours against governor's keyed limiter, counted by a
+//! global allocator wrapper (bytes requested from the allocator, not RSS); then
+//! whether the 1M idle keys are given back without user code.
+//!
+//! Run: `cargo bench --bench memory`.
+
+use cap::Cap;
+use governor::clock::FakeRelativeClock;
+use governor::{Quota, RateLimiter};
+use std::alloc::System;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+use tower_sliding_window::{Limiter, ManualClock, Policy};
+
+#[global_allocator]
+static ALLOCATOR: Cap<System> = Cap::new(System, usize::MAX);
+
+const KEYS: u64 = 1_000_000;
+const WINDOW: Duration = Duration::from_secs(1);
+const LIMIT: u32 = 100;
+/// The key that keeps checking after the others went idle.
+const HOT: u64 = u64::MAX;
+/// Give up if reclamation takes more slots than this.
+const MAX_SLOTS: u64 = 100_000;
+
+fn heap() -> usize {
+    ALLOCATOR.allocated()
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn ours() {
+    let clock = ManualClock::new();
+    let base = heap();
+    let limiter: Limiter<u64, ManualClock> = Limiter::builder(Policy::per(LIMIT, WINDOW).unwrap())
+        .clock(clock.clone())
+        .max_keys(1 << 20)
+        .build()
+        .unwrap();
+    let empty = heap() - base;
+    for k in 0..KEYS {
+        limiter.check(&k);
+    }
+    let full = heap() - base;
+    assert_eq!(limiter.stats().keys_tracked, KEYS as usize);
+    println!(
+        "ours      1M keys: {:7.1} MiB, {:6.1} bytes per tracked key (empty limiter {:.2} MiB)",
+        mib(full),
+        (full - empty) as f64 / KEYS as f64,
+        mib(empty)
+    );
+
+    // Every key goes idle; one hot key keeps checking, once per bucket width.
+    let bucket = limiter.policy().bucket_width();
+    clock.advance(WINDOW + bucket);
+    let mut slots = 0u64;
+    let mut times = Vec::new();
+    while limiter.stats().keys_tracked > 1 && slots < MAX_SLOTS {
+        clock.advance(bucket);
+        let t = Instant::now();
+        limiter.check(&HOT);
+        times.push(t.elapsed());
+        slots += 1;
+    }
+    times.sort();
+    let spent: Duration = times.iter().sum();
+    let after = heap() - base;
+    let stats = limiter.stats();
+    println!(
+        "ours      reclaimed by itself: keys_tracked {} (evicted {}) after {} checks of one hot key, \
+         one per bucket width ({} slots = {:.1} s of clock time for a {:?} window)",
+        stats.keys_tracked,
+        stats.keys_evicted,
+        slots,
+        slots,
+        slots as f64 * bucket.as_secs_f64(),
+        WINDOW
+    );
+    println!(
+        "ours      heap after reclamation: {:.2} MiB ({} bytes); a sweeping check (one \
+         partition, ~{} keys): median {:?}, slowest {:?}, all {} checks {:?}",
+        mib(after),
+        after,
+        KEYS / slots.max(1),
+        times.get(times.len() / 2).copied().unwrap_or_default(),
+        times.last().copied().unwrap_or_default(),
+        slots,
+        spent
+    );
+}
+
+fn governor() {
+    let clock = FakeRelativeClock::default();
+    let base = heap();
+    let limiter = RateLimiter::dashmap_with_clock(
+        Quota::per_second(NonZeroU32::new(LIMIT).unwrap()),
+        clock.clone(),
+    );
+    let empty = heap() - base;
+    for k in 0..KEYS {
+        let _ = limiter.check_key(&k);
+    }
+    let full = heap() - base;
+    println!(
+        "governor  1M keys: {:7.1} MiB, {:6.1} bytes per tracked key (empty limiter {:.2} MiB)",
+        mib(full),
+        (full - empty) as f64 / KEYS as f64,
+        mib(empty)
+    );
+
+    // The same idle period and hot-key traffic: nothing is given back.
+    let bucket = WINDOW / Policy::DEFAULT_BUCKETS;
+    clock.advance(WINDOW + bucket);
+    for _ in 0..256 {
+        clock.advance(bucket);
+        let _ = limiter.check_key(&HOT);
+    }
+    println!(
+        "governor  after the same hot-key traffic: len {} , heap {:.1} MiB (nothing reclaimed)",
+        limiter.len(),
+        mib(heap() - base)
+    );
+    let t = Instant::now();
+    limiter.retain_recent();
+    let retain = t.elapsed();
+    println!(
+        "governor  after user calls retain_recent(): len {}, heap {:.1} MiB ({:?})",
+        limiter.len(),
+        mib(heap() - base),
+        retain
+    );
+    let t = Instant::now();
+    limiter.shrink_to_fit();
+    let shrink = t.elapsed();
+    let after = heap() - base;
+    println!(
+        "governor  after user calls shrink_to_fit(): heap {:.2} MiB ({} bytes) ({:?})",
+        mib(after),
+        after,
+        shrink
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is not supported here.
+    ours();
+    governor();
+}

@@ -1,0 +1,89 @@
+//! A fixed number of checks of one workload, for instruction-level profiling
+//! (`valgrind --tool=callgrind`), where wall-clock benches are too noisy:
+//!
+//! ```text
+//! cargo bench --bench profile --no-run
+//! valgrind --tool=callgrind target/release/deps/profile-* ours-hot 1000000
+//! ```
+//!
+//! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`, `nothing`.
+//! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
+//! move), except `ours-hot-tokio`, so the clock's share can be told apart.
+
+use governor::clock::FakeRelativeClock;
+use governor::{Quota, RateLimiter};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Duration;
+use tower_sliding_window::{Clock, Limiter, ManualClock, Policy, TokioClock};
+
+const KEYS: u64 = 100_000;
+
+fn ours<C: Clock>(clock: C, denied: bool, keys: u64, iters: u64) {
+    let policy = if denied {
+        Policy::per(1, Duration::from_secs(3600))
+    } else {
+        Policy::per(1_000_000_000, Duration::from_secs(1))
+    };
+    let l: Limiter<u64, C> = Limiter::builder(policy.unwrap())
+        .clock(clock)
+        .max_keys(2 * KEYS as usize)
+        .build()
+        .unwrap();
+    for k in 0..keys {
+        l.check(&k);
+    }
+    let mut k = 0;
+    for _ in 0..iters {
+        black_box(l.check(black_box(&k)));
+        k += 1;
+        if k == keys {
+            k = 0;
+        }
+    }
+}
+
+fn governor(denied: bool, keys: u64, iters: u64) {
+    let quota = if denied {
+        Quota::per_hour(NonZeroU32::new(1).unwrap())
+    } else {
+        Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap())
+    };
+    let l = RateLimiter::dashmap_with_clock(quota, FakeRelativeClock::default());
+    for k in 0..keys {
+        let _ = l.check_key(&k);
+    }
+    let mut k = 0u64;
+    for _ in 0..iters {
+        let _ = black_box(l.check_key(black_box(&k)));
+        k += 1;
+        if k == keys {
+            k = 0;
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let workload = args.first().map(String::as_str).unwrap_or("nothing");
+    let iters = args
+        .get(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000_000);
+    match workload {
+        "ours-hot" => ours(ManualClock::new(), false, 1, iters),
+        "ours-hot-denied" => ours(ManualClock::new(), true, 1, iters),
+        "ours-hot-tokio" => ours(TokioClock::new(), false, 1, iters),
+        "ours-100k" => ours(ManualClock::new(), false, KEYS, iters),
+        "ours-100k-denied" => ours(ManualClock::new(), true, KEYS, iters),
+        "governor-hot" => governor(false, 1, iters),
+        "governor-hot-denied" => governor(true, 1, iters),
+        "governor-100k" => governor(false, KEYS, iters),
+        "governor-100k-denied" => governor(true, KEYS, iters),
+        "nothing" => {}
+        other => eprintln!("unknown workload {other}"),
+    }
+}

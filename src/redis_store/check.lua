@@ -1,0 +1,163 @@
+-- tower-sliding-window: one sliding-window decision, atomically, on Redis' clock.
+-- The same ring semantics as src/ring.rs, with whole slot numbers instead of
+-- 32-bit tags (Lua numbers are doubles: integers are exact below 2^53, and
+-- microseconds since 1970 stay below that until the year 2255).
+--
+-- KEYS[1]  the key's hash: field "t" = newest slot entered, field "<slot>" = units
+--          counted in that slot. Stale slot fields are deleted here; the key
+--          expires (PEXPIRE) when its newest units leave the window.
+-- ARGV[1]  limit L
+-- ARGV[2]  N, buckets per window
+-- ARGV[3]  bucket width w in microseconds
+-- ARGV[4]  cost (0..=L; the client answers larger costs itself)
+-- ARGV[5]  "1" for interpolated precision, "0" for strict
+-- ARGV[6]  optional: the time in microseconds (tests only; otherwise Redis' TIME)
+--
+-- Returns {allowed (0/1), remaining, retry_after_us, reset_us, slot}.
+
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+
+local key = KEYS[1]
+local limit = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local w = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local interpolated = ARGV[5] == '1'
+
+local now
+if ARGV[6] then
+  now = tonumber(ARGV[6])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- s = floor(now / w), corrected for the double division's rounding.
+local s = math.floor(now / w)
+if s * w > now then
+  s = s - 1
+elseif (s + 1) * w <= now then
+  s = s + 1
+end
+
+local fields = redis.call('HGETALL', key)
+local newest = -1
+for i = 1, #fields, 2 do
+  if fields[i] == 't' then
+    newest = tonumber(fields[i + 1])
+    break
+  end
+end
+-- A clock that steps back (a failover to a host whose clock lags) is held at the
+-- key's newest slot, as the in-memory ring does: nothing counted expires early.
+if newest > s then s = newest end
+
+-- counts[a] = units recorded at slot s - a, for ages 0..=N (sparse: nil is 0).
+local counts = {}
+local used = 0
+local stale = nil
+for i = 1, #fields, 2 do
+  local f = fields[i]
+  if f ~= 't' then
+    local a = s - tonumber(f)
+    if a > n then
+      stale = stale or {}
+      stale[#stale + 1] = f
+    else
+      if a < 0 then a = 0 end -- never written ahead of "t"; count it (the safe side)
+      local c = tonumber(fields[i + 1])
+      counts[a] = (counts[a] or 0) + c
+      used = used + c
+    end
+  end
+end
+local oldest = counts[n] or 0
+
+-- Interpolated: the window [now - W, now] still covers (w - elapsed) of the oldest
+-- bucket, whose units are weighted by that share. Scaled by w to stay in integers.
+local elapsed = now - s * w
+if elapsed < 0 then elapsed = 0 elseif elapsed > w then elapsed = w end
+
+local function remaining(total)
+  local r
+  if interpolated then
+    r = math.floor((limit * w - (total * w - oldest * elapsed)) / w)
+  else
+    r = limit - total
+  end
+  if r < 0 then return 0 end
+  return r
+end
+
+-- Time until every counted unit has expired: the youngest leaves last.
+local function reset()
+  for a = 0, n do
+    if (counts[a] or 0) > 0 then
+      return (s - a + n + 1) * w - now
+    end
+  end
+  return 0
+end
+
+if stale then
+  -- In chunks: unpack() of thousands of values would overflow Lua's C stack.
+  for i = 1, #stale, 500 do
+    redis.call('HDEL', key, unpack(stale, i, math.min(i + 499, #stale)))
+  end
+end
+
+local fits
+if interpolated then
+  fits = (used + cost) * w - oldest * elapsed <= limit * w
+else
+  fits = used + cost <= limit
+end
+
+local sf = string.format('%d', s)
+if fits then
+  local current = counts[0] or 0
+  counts[0] = current + cost
+  used = used + cost
+  -- A check enters its slot whether or not it passes (the ring publishes "newest").
+  if s > newest then
+    redis.call('HSET', key, 't', sf, sf, current + cost)
+  else
+    redis.call('HSET', key, sf, current + cost)
+  end
+  if current == 0 then
+    -- The first units of slot s: the key is idle once slot s + N + 1 begins.
+    -- Later units of the same slot expire at the same moment, so only the first
+    -- write of each slot needs to move the expiry.
+    redis.call('PEXPIRE', key, math.max(1, math.ceil(((s + n + 1) * w - now) / 1000)))
+  end
+  return {1, remaining(used), 0, reset(), s}
+end
+
+-- Denied (the key holds units, so it exists and has its expiry).
+if s > newest and used > 0 then redis.call('HSET', key, 't', sf) end
+
+-- The exact time until `cost` fits, as counts expire slot by slot (Ring::denied).
+local target = limit - cost
+if target < 0 then target = 0 end
+local at = (s + n + 1) * w
+local u = used
+for k = 0, n do
+  local leaving = counts[n - k] or 0
+  local after = u - leaving
+  if after <= target then
+    if interpolated then
+      -- Within slot s + k the leaving bucket's weight falls linearly.
+      local excess = u - target
+      at = (s + k) * w + math.ceil(excess * w / math.max(leaving, 1))
+    else
+      at = (s + k + 1) * w
+    end
+    break
+  end
+  u = after
+end
+local retry = at - now
+if retry < 1 then retry = 1 end
+return {0, remaining(used), retry, reset(), s}

@@ -1,0 +1,194 @@
+//! A local cache of keys known to be over their limit, so an abusive client
+//! costs Redis nothing while it stays blocked.
+//!
+//! # Why it only denies what Redis would deny
+//!
+//! Redis denied `cost` units for a key at Redis time `t` with `retry_after` R: the
+//! units counted in the key's span exceed `L - cost` until R has passed. Until
+//! then that count can only grow (other instances add units) or stay; the only
+//! way it drops is buckets leaving the span, and R is exactly when enough of them
+//! have left for `cost` to fit. So until `t + R` Redis would deny `cost`, and any
+//! larger cost. The entry expires at `sent + R`, where `sent` is when the request
+//! was sent: Redis ran the script after that, so `sent + R` is never later than
+//! `t + R`. A smaller cost is not answered from the cache (it may already fit).
+//!
+//! The one way a count drops early is an undo. This instance's own undos drop the
+//! key's entry; an undo on another instance is not seen here, so for at most R the
+//! cache may deny units another instance gave back: the safe side, never an
+//! over-admission.
+
+use crate::decision::{Decision, Outcome};
+use dashmap::DashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// How often a full cache may be swept for expired entries.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// When `cost` could fit again.
+    until: Instant,
+    /// The smallest cost known to be denied until `until`.
+    cost: u32,
+    /// Remaining units reported by the denial that made this entry.
+    remaining: u32,
+    /// When the key's window drains, as reported by that denial.
+    reset_at: Instant,
+}
+
+pub(crate) struct DenyCache {
+    map: DashMap<Box<[u8]>, Entry, foldhash::fast::RandomState>,
+    capacity: usize,
+    limit: u32,
+    origin: Instant,
+    /// Milliseconds since `origin` before which no sweep runs.
+    next_sweep_ms: AtomicU64,
+}
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize, limit: u32) -> DenyCache {
+        DenyCache {
+            map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            capacity,
+            limit,
+            origin: Instant::now(),
+            next_sweep_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// A local denial for `cost` units of `key`, if one is known to hold at `now`.
+    pub(crate) fn check(&self, key: &[u8], cost: u32, now: Instant) -> Option<Decision> {
+        let entry = *self.map.get(key)?;
+        if now >= entry.until {
+            self.map.remove_if(key, |_, e| now >= e.until);
+            return None;
+        }
+        if cost < entry.cost {
+            return None;
+        }
+        Some(Decision::from_parts(
+            Outcome::Denied,
+            self.limit,
+            entry.remaining,
+            entry.until - now,
+            entry.reset_at.saturating_duration_since(now),
+        ))
+    }
+
+    /// Remember Redis' denial of `cost` units for `key`, for a request sent at `sent`.
+    pub(crate) fn insert(&self, key: Box<[u8]>, sent: Instant, cost: u32, denial: &Decision) {
+        let Some(retry_after) = denial.retry_after() else {
+            return;
+        };
+        let entry = Entry {
+            until: sent + retry_after,
+            cost,
+            remaining: denial.remaining(),
+            reset_at: sent + denial.reset(),
+        };
+        if self.map.len() >= self.capacity && !self.map.contains_key(&key) {
+            self.sweep(Instant::now());
+            if self.map.len() >= self.capacity {
+                // Full of live denials: this key simply keeps asking Redis.
+                return;
+            }
+        }
+        self.map.insert(key, entry);
+    }
+
+    /// Forget `key` (its units were given back, so its denial may end early).
+    pub(crate) fn remove(&self, key: &[u8]) {
+        self.map.remove(key);
+    }
+
+    /// Drop expired entries, at most once per [`SWEEP_INTERVAL`].
+    fn sweep(&self, now: Instant) {
+        let now_ms = now.saturating_duration_since(self.origin).as_millis() as u64;
+        let next = self.next_sweep_ms.load(Relaxed);
+        if now_ms < next
+            || self
+                .next_sweep_ms
+                .compare_exchange(
+                    next,
+                    now_ms + SWEEP_INTERVAL.as_millis() as u64,
+                    Relaxed,
+                    Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        self.map.retain(|_, e| now < e.until);
+        if self.map.len() * 4 < self.map.capacity() {
+            self.map.shrink_to_fit();
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(retry_ms: u64, remaining: u32) -> Decision {
+        Decision::from_parts(
+            Outcome::Denied,
+            5,
+            remaining,
+            Duration::from_millis(retry_ms),
+            Duration::from_millis(retry_ms * 2),
+        )
+    }
+
+    #[test]
+    fn denies_the_same_or_larger_cost_until_retry_after() {
+        let cache = DenyCache::new(10, 5);
+        let t0 = Instant::now();
+        cache.insert(b"k".to_vec().into(), t0, 2, &denial(100, 1));
+        let hit = cache
+            .check(b"k", 2, t0 + Duration::from_millis(40))
+            .unwrap();
+        assert_eq!(hit.outcome(), Outcome::Denied);
+        assert_eq!(hit.retry_after(), Some(Duration::from_millis(60)));
+        assert_eq!(hit.remaining(), 1);
+        assert!(cache.check(b"k", 3, t0).is_some());
+        // A smaller cost may fit already: ask Redis.
+        assert!(cache.check(b"k", 1, t0).is_none());
+        // Other keys are unaffected.
+        assert!(cache.check(b"j", 5, t0).is_none());
+        // At retry_after the entry is gone.
+        assert!(cache
+            .check(b"k", 2, t0 + Duration::from_millis(100))
+            .is_none());
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn stays_within_capacity_and_makes_room_from_expired_entries() {
+        let cache = DenyCache::new(3, 5);
+        let t0 = Instant::now() - Duration::from_secs(1);
+        for k in 0..3u8 {
+            cache.insert(vec![k].into(), t0, 1, &denial(10, 0));
+        }
+        // All three expired long ago: a sweep makes room.
+        cache.insert(vec![9].into(), Instant::now(), 1, &denial(10_000, 0));
+        assert_eq!(cache.len(), 1);
+        for k in 10..20u8 {
+            cache.insert(vec![k].into(), Instant::now(), 1, &denial(10_000, 0));
+        }
+        assert!(cache.len() <= 3);
+    }
+
+    #[test]
+    fn remove_forgets_a_key() {
+        let cache = DenyCache::new(3, 5);
+        let t0 = Instant::now();
+        cache.insert(b"k".to_vec().into(), t0, 1, &denial(1000, 0));
+        cache.remove(b"k");
+        assert!(cache.check(b"k", 1, t0).is_none());
+    }
+}

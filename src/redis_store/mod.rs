@@ -1,0 +1,833 @@
+//! A [`Store`] in Redis, shared by a fleet of instances (feature `redis`).
+//!
+//! One atomic Lua script per decision (`check.lua`, loaded once and run with
+//! `EVALSHA`, reloaded on `NOSCRIPT`) keeps the same ring semantics as the
+//! in-memory limiter: in strict mode no interval of length `window` ever holds
+//! more than `limit` admitted units across all instances. Time comes from Redis'
+//! own `TIME`, so instances whose clocks disagree still agree on the window.
+//!
+//! Each key is one hash, `prefix{key}`: the hash tag keeps a key's data in one
+//! Redis Cluster slot, its fields are slot numbers, and it expires by itself
+//! (`PEXPIRE`) once its units have left the window, so Redis memory tracks the
+//! keys active in the last window.
+//!
+//! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
+//! connection (concurrent decisions are pipelined on it, no pool to size) that
+//! reconnects by itself in the background when Redis returns.
+//! [`RedisStoreBuilder::connection`] takes any other `redis` crate async
+//! connection instead, such as a cluster connection for Redis Cluster.
+
+mod deny_cache;
+mod key;
+
+pub use key::RedisKey;
+
+use crate::decision::{Decision, Outcome};
+use crate::error::ConfigError;
+use crate::policy::{Policy, Precision};
+use crate::store::{Store, StoreError};
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, RedisError, Script};
+use deny_cache::DenyCache;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+const CHECK_SCRIPT: &str = include_str!("check.lua");
+const UNDO_SCRIPT: &str = include_str!("undo.lua");
+
+/// Lua numbers are doubles: every product the script forms must stay below 2^53.
+const LUA_EXACT: u128 = 1 << 53;
+/// How long the background task started by `build` keeps trying to connect.
+const BACKGROUND_WARM_UP: Duration = Duration::from_secs(10);
+/// At most one failure warning per this interval (the counters keep the total).
+const WARN_INTERVAL_MS: u64 = 1000;
+
+/// What a [`RedisStore`] does when Redis is down, slower than the timeout, or
+/// answers with an error. There is no default: the choice is the operator's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Let the request through ([`Decision::is_unchecked`]), with a rate-limited
+    /// `tracing` warning and the `failed_open` counter. Availability over the limit.
+    Open,
+    /// Refuse to decide: the check returns a [`StoreError`] carrying a
+    /// `Retry-After` suggestion, which the layer answers with 503.
+    Closed,
+}
+
+/// Counters since the store was built. Reading them is a few relaxed loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RedisStoreStats {
+    /// Checks asked of the store (every `check_n` call).
+    pub decisions: u64,
+    /// Decision scripts sent to Redis (one per check not answered locally).
+    pub round_trips: u64,
+    /// Checks denied by the local deny cache, without a round trip.
+    pub deny_cache_hits: u64,
+    /// Checks and undos that failed: Redis down, an error reply, or the timeout.
+    pub failures: u64,
+    /// Of those, the ones that hit the timeout.
+    pub timeouts: u64,
+    /// Checks let through unchecked because Redis failed and the policy is
+    /// [`FailurePolicy::Open`].
+    pub failed_open: u64,
+    /// Undos sent to Redis.
+    pub undos: u64,
+    /// Keys in the local deny cache right now.
+    pub deny_cache_len: usize,
+}
+
+#[derive(Default)]
+struct Counters {
+    decisions: AtomicU64,
+    round_trips: AtomicU64,
+    deny_cache_hits: AtomicU64,
+    failures: AtomicU64,
+    timeouts: AtomicU64,
+    failed_open: AtomicU64,
+    undos: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Relaxed);
+}
+
+/// A sliding-window [`Store`] in Redis, shared by every instance that points at
+/// the same Redis and prefix. Cloning is cheap; clones share the connection,
+/// counters and deny cache.
+///
+/// Decisions need a tokio runtime (the connection and the timeout run on it) and
+/// real time: under a paused tokio clock the timeout would fire at once.
+///
+/// **Time** is Redis' own `TIME` (wall clock, read inside the script), so the
+/// instances' clocks do not matter. If Redis' clock steps back, a key is held at
+/// the newest slot it has entered, as the in-memory ring does, for as long as the
+/// key exists; a key that has already expired has nothing left to protect.
+///
+/// **Failures:** each decision waits at most the [timeout](RedisStoreBuilder::timeout),
+/// connecting included; then, or when Redis is down or answers an error, the
+/// [`FailurePolicy`] decides. A decision that timed out may still be counted by
+/// Redis when it gets to it (the safe side).
+///
+/// **Local deny cache:** when Redis denies `cost` units of a key with
+/// `retry_after` R, this instance denies that key (for `cost` units or more)
+/// locally until R has passed, measured from when the request was sent, so an
+/// abusive client costs Redis nothing while it stays blocked. It only ever
+/// denies what Redis would deny: a key's count can only drop as its buckets
+/// expire, and R is exactly when enough of them have for `cost` to fit (counts
+/// added by other instances meanwhile only make the denial longer). The one
+/// exception is an undo: this instance's own undos drop the key from its cache;
+/// an undo on another instance can end a denial early, which this cache then
+/// outlasts by at most R (the safe side). Memory is bounded by
+/// [`deny_cache`](RedisStoreBuilder::deny_cache) entries; expired ones are swept
+/// when it is full.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::builder(
+///     Policy::per(100, Duration::from_secs(60))?,
+///     FailurePolicy::Open,
+/// )
+/// .url("redis://127.0.0.1:6379")
+/// .timeout(Duration::from_millis(50))
+/// .build()?;
+///
+/// let decision = store.check_n(&"api-key-1", 1).await?;
+/// assert!(decision.is_allowed());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    policy: Policy,
+    limit: u32,
+    buckets: u32,
+    width_us: u64,
+    interpolated: bool,
+    prefix: Vec<u8>,
+    conn: Connection,
+    check: Script,
+    undo: Script,
+    timeout: Duration,
+    failure: FailurePolicy,
+    closed_retry_after: Duration,
+    deny_cache: Option<DenyCache>,
+    counters: Counters,
+    origin: Instant,
+    next_warn_ms: AtomicU64,
+}
+
+/// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
+pub struct RedisStoreBuilder {
+    policy: Policy,
+    failure: FailurePolicy,
+    client: Option<Result<Client, RedisError>>,
+    connection: Option<Connection>,
+    prefix: Option<String>,
+    timeout: Duration,
+    closed_retry_after: Duration,
+    deny_cache_capacity: usize,
+    reconnect_max_delay: Duration,
+    connect_timeout: Duration,
+}
+
+impl RedisStore {
+    /// Default per-call timeout: 50 ms.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+    /// Default `Retry-After` suggested when failing closed: 1 s.
+    pub const DEFAULT_CLOSED_RETRY_AFTER: Duration = Duration::from_secs(1);
+    /// Default deny-cache capacity: 10 000 keys.
+    pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
+
+    /// Start building a store for `policy`, failing open or closed as `failure` says.
+    pub fn builder(policy: Policy, failure: FailurePolicy) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            policy,
+            failure,
+            client: None,
+            connection: None,
+            prefix: None,
+            timeout: RedisStore::DEFAULT_TIMEOUT,
+            closed_retry_after: RedisStore::DEFAULT_CLOSED_RETRY_AFTER,
+            deny_cache_capacity: RedisStore::DEFAULT_DENY_CACHE_CAPACITY,
+            reconnect_max_delay: Duration::from_millis(100),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// Counters since the store was built.
+    pub fn stats(&self) -> RedisStoreStats {
+        let c = &self.inner.counters;
+        RedisStoreStats {
+            decisions: c.decisions.load(Relaxed),
+            round_trips: c.round_trips.load(Relaxed),
+            deny_cache_hits: c.deny_cache_hits.load(Relaxed),
+            failures: c.failures.load(Relaxed),
+            timeouts: c.timeouts.load(Relaxed),
+            failed_open: c.failed_open.load(Relaxed),
+            undos: c.undos.load(Relaxed),
+            deny_cache_len: self.inner.deny_cache.as_ref().map_or(0, DenyCache::len),
+        }
+    }
+
+    /// The Redis key that holds `key`'s counts: `prefix{key}`.
+    pub fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> Vec<u8> {
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        self.inner.full_key(&user)
+    }
+
+    /// Wait (up to the timeout) until Redis answers and the decision scripts are
+    /// loaded. Optional: the first decision loads them too; useful at startup to
+    /// find out early whether Redis is reachable.
+    pub async fn warm_up(&self) -> Result<(), StoreError> {
+        self.inner.load_scripts(self.inner.timeout).await
+    }
+
+    /// Decide at a given Redis time instead of Redis' `TIME`, bypassing the deny
+    /// cache and the failure policy. For tests that compare the script with the
+    /// in-memory ring decision by decision.
+    #[doc(hidden)]
+    pub async fn check_at<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        now: Duration,
+    ) -> Result<Decision, String> {
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        let now_us = u64::try_from(now.as_micros()).map_err(|e| e.to_string())?;
+        match self.inner.run_check(&user, cost, Some(now_us)).await {
+            Ok(d) => Ok(d),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl RedisStore {
+    /// [`Store::undo`], awaited instead of fired and forgotten (for tests).
+    #[doc(hidden)]
+    pub async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
+        if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
+            self.inner.run_undo(user, slot, cost).await;
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("policy", &self.inner.policy)
+            .field("prefix", &String::from_utf8_lossy(&self.inner.prefix))
+            .field("timeout", &self.inner.timeout)
+            .field("failure", &self.inner.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The Redis to use, as a URL (`redis://host:port/db`, `rediss://…`).
+    /// An invalid URL is reported by [`build`](RedisStoreBuilder::build).
+    pub fn url(mut self, url: &str) -> Self {
+        self.client = Some(Client::open(url));
+        self
+    }
+
+    /// The Redis to use, as a `redis` crate client.
+    pub fn client(mut self, client: Client) -> Self {
+        self.client = Some(Ok(client));
+        self
+    }
+
+    /// Decide over a connection of your own instead of a managed one: any cloneable
+    /// `redis` crate async connection. For Redis Cluster, enable the `redis`
+    /// crate's `cluster-async` feature in your own `Cargo.toml` and pass a
+    /// `redis::cluster_async::ClusterConnection`: every key's data lives under one
+    /// hash tag, so each script touches one slot. Reconnecting is then that
+    /// connection's business (the cluster connection does it; a bare
+    /// `MultiplexedConnection` does not).
+    pub fn connection<C>(mut self, connection: C) -> Self
+    where
+        C: AsyncConnection + Clone + Send + Sync + 'static,
+    {
+        self.connection = Some(Connection::Custom(Box::new(connection)));
+        self
+    }
+
+    /// Prefix of every Redis key (default `tsw:<policy name>:<window µs>:<buckets>:`,
+    /// so policies with other geometries never share a key). It must not contain
+    /// `{` or `}`: the key's hash tag follows it.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Longest wait for Redis per decision, connecting included (default 50 ms).
+    /// Past it the [`FailurePolicy`] decides. A decision that timed out may still
+    /// be counted by Redis later (the safe side).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The `Retry-After` suggested by a [`StoreError`] when failing closed (default 1 s).
+    pub fn closed_retry_after(mut self, retry_after: Duration) -> Self {
+        self.closed_retry_after = retry_after;
+        self
+    }
+
+    /// How many over-limit keys the local deny cache remembers (default
+    /// [`RedisStore::DEFAULT_DENY_CACHE_CAPACITY`]; 0 turns it off).
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache_capacity = capacity;
+        self
+    }
+
+    /// Longest pause between reconnection attempts while Redis is away (default
+    /// 100 ms, plus jitter), which bounds how soon decisions resume once it is back.
+    pub fn reconnect_max_delay(mut self, delay: Duration) -> Self {
+        self.reconnect_max_delay = delay;
+        self
+    }
+
+    /// Timeout of one connection attempt (default 1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Validate and build. Must run inside a tokio runtime; connects lazily (and
+    /// starts connecting at once in the background), so it succeeds while Redis
+    /// is down.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::Invalid(
+                "RedisStore must be built inside a tokio runtime (its connection runs there)",
+            ));
+        }
+        let client =
+            match (self.client, self.connection.is_some()) {
+                (Some(_), true) => {
+                    return Err(ConfigError::Invalid(
+                        "RedisStore takes either a URL / client or a connection, not both",
+                    ))
+                }
+                (Some(Ok(client)), false) => Some(client),
+                (Some(Err(_)), false) => return Err(ConfigError::Invalid("invalid Redis URL")),
+                (None, true) => None,
+                (None, false) => return Err(ConfigError::Invalid(
+                    "RedisStore needs a Redis to talk to: call .url(), .client() or .connection()",
+                )),
+            };
+        if self.timeout.is_zero() {
+            return Err(ConfigError::Invalid("RedisStore timeout must be non-zero"));
+        }
+        let policy = self.policy;
+        // Redis' TIME has microsecond resolution.
+        let resolution = Duration::from_micros(1);
+        if policy.bucket_width() < resolution {
+            return Err(ConfigError::BucketBelowClockResolution {
+                bucket: policy.bucket_width(),
+                resolution,
+            });
+        }
+        // Whole microseconds, rounded up: N buckets still cover the whole window.
+        let width_us = policy.bucket_nanos().div_ceil(1000);
+        let buckets = policy.buckets();
+        let span_us = width_us as u128 * (buckets as u128 + 1);
+        // Slot times are microseconds since 1970 (about 2^51 today) plus a span.
+        if span_us >= 1 << 52 {
+            return Err(ConfigError::Invalid(
+                "window too long for the Redis store (at most about 140 years)",
+            ));
+        }
+        let interpolated = policy.precision() == Precision::Interpolated;
+        if interpolated && (policy.limit() as u128 + 1) * width_us as u128 >= LUA_EXACT {
+            return Err(ConfigError::Invalid(
+                "interpolated precision on Redis needs (limit + 1) × bucket width in µs below 2^53; use fewer units, narrower buckets or strict precision",
+            ));
+        }
+        let prefix = match self.prefix {
+            Some(prefix) => prefix,
+            None => format!(
+                "tsw:{}:{}:{}:",
+                policy.name(),
+                policy.window().as_micros(),
+                buckets
+            ),
+        };
+        if prefix.contains(['{', '}']) {
+            return Err(ConfigError::Invalid(
+                "Redis key prefix must not contain '{' or '}' (the policy name is part of the default prefix; set .prefix())",
+            ));
+        }
+        let conn = match (client, self.connection) {
+            (Some(client), _) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_min_delay(Duration::from_millis(10).min(self.reconnect_max_delay))
+                    .set_max_delay(self.reconnect_max_delay)
+                    // Pipelined decisions from many concurrent requests queue here.
+                    .set_pipeline_buffer_size(1024);
+                Connection::Managed(
+                    ConnectionManager::new_lazy_with_config(client, config)
+                        .map_err(|_| ConfigError::Invalid("invalid Redis connection settings"))?,
+                )
+            }
+            (None, Some(connection)) => connection,
+            (None, None) => {
+                return Err(ConfigError::Invalid("RedisStore needs a Redis to talk to"))
+            }
+        };
+        let inner = Arc::new(Inner {
+            deny_cache: (self.deny_cache_capacity > 0)
+                .then(|| DenyCache::new(self.deny_cache_capacity, policy.limit())),
+            limit: policy.limit(),
+            buckets,
+            width_us,
+            interpolated,
+            policy,
+            prefix: prefix.into_bytes(),
+            conn,
+            check: Script::new(CHECK_SCRIPT),
+            undo: Script::new(UNDO_SCRIPT),
+            timeout: self.timeout,
+            failure: self.failure,
+            closed_retry_after: self.closed_retry_after,
+            counters: Counters::default(),
+            origin: Instant::now(),
+            next_warn_ms: AtomicU64::new(0),
+        });
+        let store = RedisStore { inner };
+        // Connect and load the scripts now, in the background, so the first request
+        // does not pay for it (the lazy connection only progresses while awaited).
+        let warm = store.clone();
+        tokio::spawn(async move {
+            let _ = warm.inner.load_scripts(BACKGROUND_WARM_UP).await;
+        });
+        Ok(store)
+    }
+}
+
+/// An async `redis` crate connection a [`RedisStore`] can decide over, given to
+/// [`RedisStoreBuilder::connection`]. Implemented for every cloneable
+/// `redis::aio::ConnectionLike` (a `MultiplexedConnection`, a
+/// `ConnectionManager`, a `cluster_async::ClusterConnection`, …).
+pub trait AsyncConnection: Send + Sync {
+    /// A handle to the same connection, for one request.
+    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle>;
+}
+
+/// One request's handle on an [`AsyncConnection`].
+pub trait AsyncConnectionHandle: ::redis::aio::ConnectionLike + Send {}
+
+impl<C: ::redis::aio::ConnectionLike + Send> AsyncConnectionHandle for C {}
+
+impl<C> AsyncConnection for C
+where
+    C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle> {
+        Box::new(self.clone())
+    }
+}
+
+/// The store's connection: managed (reconnects by itself) or the caller's own.
+enum Connection {
+    Managed(ConnectionManager),
+    Custom(Box<dyn AsyncConnection>),
+}
+
+impl Connection {
+    fn handle(&self) -> Handle {
+        match self {
+            Connection::Managed(conn) => Handle::Managed(conn.clone()),
+            Connection::Custom(conn) => Handle::Custom(conn.clone_box()),
+        }
+    }
+}
+
+/// A per-request handle (the `redis` crate takes connections by `&mut`).
+enum Handle {
+    Managed(ConnectionManager),
+    Custom(Box<dyn AsyncConnectionHandle>),
+}
+
+impl ::redis::aio::ConnectionLike for Handle {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        match self {
+            Handle::Managed(conn) => conn.req_packed_command(cmd),
+            Handle::Custom(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        match self {
+            Handle::Managed(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Handle::Custom(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Handle::Managed(conn) => conn.get_db(),
+            Handle::Custom(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Why Redis could not decide.
+enum Failure {
+    Timeout,
+    Redis(RedisError),
+    Reply,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Timeout => f.write_str("Redis did not answer within the timeout"),
+            Failure::Redis(e) => write!(f, "Redis error: {e}"),
+            Failure::Reply => f.write_str("unexpected reply from the decision script"),
+        }
+    }
+}
+
+impl Inner {
+    /// A decision that needs no round trip: a cost that can never pass, or a
+    /// deny-cache hit.
+    fn local_answer(&self, user: &[u8], cost: u32) -> Option<Decision> {
+        if cost > self.limit {
+            // It can never pass: no need to ask Redis (remaining and reset unknown).
+            return Some(Decision::cost_exceeds_limit(
+                self.limit,
+                self.limit,
+                Duration::ZERO,
+            ));
+        }
+        let d = self
+            .deny_cache
+            .as_ref()?
+            .check(user, cost, Instant::now())?;
+        bump(&self.counters.deny_cache_hits);
+        Some(d)
+    }
+
+    fn full_key(&self, user: &[u8]) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.prefix.len() + user.len() + 2);
+        key.extend_from_slice(&self.prefix);
+        key.push(b'{');
+        key.extend_from_slice(user);
+        key.push(b'}');
+        key
+    }
+
+    async fn load_scripts(&self, timeout: Duration) -> Result<(), StoreError> {
+        let mut conn = self.conn.handle();
+        let load = async {
+            self.check.load_async(&mut conn).await?;
+            self.undo.load_async(&mut conn).await
+        };
+        match tokio::time::timeout(timeout, load).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(self.store_error(&Failure::Redis(e))),
+            Err(_) => Err(self.store_error(&Failure::Timeout)),
+        }
+    }
+
+    /// One decision script in Redis, bounded by the timeout; failures are reported
+    /// as they are (the failure policy is applied by the caller).
+    async fn run_check(
+        &self,
+        user: &[u8],
+        cost: u32,
+        now_us: Option<u64>,
+    ) -> Result<Decision, Failure> {
+        bump(&self.counters.round_trips);
+        let mut invocation = self.check.prepare_invoke();
+        invocation
+            .key(self.full_key(user))
+            .arg(self.limit)
+            .arg(self.buckets)
+            .arg(self.width_us)
+            .arg(cost)
+            .arg(u8::from(self.interpolated));
+        if let Some(now_us) = now_us {
+            invocation.arg(now_us);
+        }
+        let mut conn = self.conn.handle();
+        // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
+        let reply =
+            tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<i64>>(&mut conn));
+        match reply.await {
+            Ok(Ok(reply)) => self.parse(&reply, cost).ok_or(Failure::Reply),
+            Ok(Err(e)) => Err(Failure::Redis(e)),
+            Err(_) => Err(Failure::Timeout),
+        }
+    }
+
+    /// `{allowed, remaining, retry_after_us, reset_us, slot}` into a decision.
+    fn parse(&self, reply: &[i64], cost: u32) -> Option<Decision> {
+        let &[allowed, remaining, retry_us, reset_us, slot] = reply else {
+            return None;
+        };
+        let micros = |v: i64| u64::try_from(v).ok().map(Duration::from_micros);
+        let outcome = match allowed {
+            1 => Outcome::Allowed,
+            0 => Outcome::Denied,
+            _ => return None,
+        };
+        let mut d = Decision::from_parts(
+            outcome,
+            self.limit,
+            u32::try_from(remaining).ok()?,
+            micros(retry_us)?,
+            micros(reset_us)?,
+        );
+        d.slot = u64::try_from(slot).ok()?;
+        if outcome == Outcome::Allowed {
+            d.cost = cost;
+        }
+        Some(d)
+    }
+
+    /// A remote decision for a request: the script, the deny cache fed with its
+    /// denials, and the failure policy applied to its failures.
+    async fn decide(self: Arc<Self>, user: Vec<u8>, cost: u32) -> Result<Decision, StoreError> {
+        let sent = Instant::now();
+        match self.run_check(&user, cost, None).await {
+            Ok(decision) => {
+                if let (Some(cache), Outcome::Denied) = (&self.deny_cache, decision.outcome()) {
+                    cache.insert(user.into_boxed_slice(), sent, cost, &decision);
+                }
+                Ok(decision)
+            }
+            Err(failure) => self.failed(failure),
+        }
+    }
+
+    fn failed(&self, failure: Failure) -> Result<Decision, StoreError> {
+        self.note_failure(&failure);
+        match self.failure {
+            FailurePolicy::Open => {
+                bump(&self.counters.failed_open);
+                Ok(Decision::allow_unchecked(self.limit))
+            }
+            FailurePolicy::Closed => Err(self.store_error(&failure)),
+        }
+    }
+
+    fn store_error(&self, failure: &Failure) -> StoreError {
+        StoreError::new(failure.to_string(), self.closed_retry_after)
+    }
+
+    /// Count a failure and warn, at most once per [`WARN_INTERVAL_MS`]: a Redis
+    /// outage under load must not turn into a flood of log lines.
+    fn note_failure(&self, failure: &Failure) {
+        bump(&self.counters.failures);
+        if matches!(failure, Failure::Timeout) {
+            bump(&self.counters.timeouts);
+        }
+        let now_ms = self.origin.elapsed().as_millis() as u64;
+        let next = self.next_warn_ms.load(Relaxed);
+        if now_ms >= next
+            && self
+                .next_warn_ms
+                .compare_exchange(next, now_ms + WARN_INTERVAL_MS, Relaxed, Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                failures = self.counters.failures.load(Relaxed),
+                failed_open = self.counters.failed_open.load(Relaxed),
+                policy = ?self.failure,
+                "rate-limit store: {failure}"
+            );
+        }
+    }
+
+    /// What an undo of `decision` gives back (nothing unless it counted units), after
+    /// dropping the key from the local deny cache.
+    fn undo_target<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        decision: &Decision,
+    ) -> Option<(Vec<u8>, u64, u32)> {
+        if !decision.is_allowed() || decision.cost == 0 || decision.is_unchecked() {
+            return None;
+        }
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        if let Some(cache) = &self.deny_cache {
+            cache.remove(&user);
+        }
+        Some((user, decision.slot, decision.cost))
+    }
+
+    async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32) {
+        bump(&self.counters.undos);
+        let mut invocation = self.undo.prepare_invoke();
+        invocation.key(self.full_key(&user)).arg(slot).arg(cost);
+        let mut conn = self.conn.handle();
+        let reply = tokio::time::timeout(self.timeout, invocation.invoke_async::<i64>(&mut conn));
+        match reply.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self.note_failure(&Failure::Redis(e)),
+            Err(_) => self.note_failure(&Failure::Timeout),
+        }
+    }
+}
+
+impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
+    type Future = RedisFuture;
+
+    fn check_n(&self, key: &K, cost: u32) -> RedisFuture {
+        let inner = &self.inner;
+        bump(&inner.counters.decisions);
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        if let Some(d) = inner.local_answer(&user, cost) {
+            return RedisFuture::ready(Ok(d));
+        }
+        RedisFuture {
+            state: State::Remote(Box::pin(inner.clone().decide(user, cost))),
+        }
+    }
+
+    /// Answers without Redis when it can: a cost above the limit, or a key the
+    /// deny cache knows is over its limit. `None` otherwise (nothing counted).
+    fn check_now(&self, key: &K, cost: u32) -> Option<Result<Decision, StoreError>> {
+        let inner = &self.inner;
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        let d = inner.local_answer(&user, cost)?;
+        bump(&inner.counters.decisions);
+        Some(Ok(d))
+    }
+
+    /// Give the units back in Redis, in a background task (fire and forget),
+    /// and drop the key from the local deny cache.
+    fn undo(&self, key: &K, decision: &Decision) {
+        let Some((user, slot, cost)) = self.inner.undo_target(key, decision) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            bump(&self.inner.counters.failures);
+            return;
+        };
+        let inner = self.inner.clone();
+        runtime.spawn(async move { inner.run_undo(user, slot, cost).await });
+    }
+
+    fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+}
+
+type RemoteDecision = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+/// A [`RedisStore`] decision in flight: ready at once when answered locally (a
+/// cost above the limit, a deny-cache hit), otherwise one round trip to Redis.
+#[must_use = "futures do nothing unless polled"]
+pub struct RedisFuture {
+    state: State,
+}
+
+enum State {
+    Ready(Option<Result<Decision, StoreError>>),
+    Remote(RemoteDecision),
+}
+
+impl RedisFuture {
+    fn ready(result: Result<Decision, StoreError>) -> RedisFuture {
+        RedisFuture {
+            state: State::Ready(Some(result)),
+        }
+    }
+}
+
+impl Future for RedisFuture {
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().state {
+            State::Ready(result) => Poll::Ready(result.take().unwrap_or_else(|| {
+                Err(StoreError::new(
+                    "decision polled after completion",
+                    Duration::ZERO,
+                ))
+            })),
+            State::Remote(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for RedisFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Ready(_) => "ready",
+            State::Remote(_) => "remote",
+        };
+        f.debug_struct("RedisFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

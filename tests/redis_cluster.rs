@@ -1,0 +1,168 @@
+//! The Redis store on a real three-node Redis Cluster (private `redis-server`s on
+//! ephemeral loopback ports), through a `ClusterConnection` given to
+//! `RedisStoreBuilder::connection`: each key's script runs on the node that owns
+//! its hash tag, keys spread over the nodes, and scripts reload on every node.
+#![cfg(feature = "redis")]
+
+mod redis_support;
+
+use redis_support::*;
+use std::time::{Duration, Instant};
+use tower_sliding_window::redis::{self, cluster::ClusterClient};
+use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
+
+struct Cluster {
+    nodes: Vec<RedisServer>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.nodes.clear(); // kill them before removing their files
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Cluster {
+    /// Three masters, no replicas, every slot assigned; `None` (after a skip
+    /// notice) when `redis-server` / `redis-cli` are missing.
+    async fn start(test: &str) -> Option<Cluster> {
+        let dir = std::env::temp_dir().join(unique_prefix(test).replace(':', "-"));
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            skip(test, &format!("cannot create {}: {e}", dir.display()));
+            return None;
+        }
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let args = vec![
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                // Redis 7: the bus port is set explicitly (port + 10000 may not exist).
+                "--cluster-port".to_owned(),
+                free_port().to_string(),
+                "--cluster-config-file".to_owned(),
+                dir.join(format!("nodes-{i}.conf")).display().to_string(),
+                "--dir".to_owned(),
+                dir.display().to_string(),
+            ];
+            nodes.push(RedisServer::start_with(test, free_port(), args).await?);
+        }
+        let cluster = Cluster { nodes, dir };
+        let mut create = std::process::Command::new("redis-cli");
+        create.args(["--cluster", "create"]);
+        for node in &cluster.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        match create.output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                skip(
+                    test,
+                    &format!(
+                        "redis-cli --cluster create failed: {}",
+                        String::from_utf8_lossy(&out.stdout)
+                    ),
+                );
+                return None;
+            }
+            Err(e) => {
+                skip(test, &format!("cannot run redis-cli: {e}"));
+                return None;
+            }
+        }
+        // Bounded wait until every node agrees the cluster is up.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for node in &cluster.nodes {
+            let mut conn = node.conn().await;
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster not ok after 10 s: {info}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Some(cluster)
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    async fn store(&self, prefix: &str, limit: u32) -> RedisStore {
+        let conn = ClusterClient::new(self.urls())
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        RedisStore::builder(
+            Policy::per(limit, Duration::from_secs(10)).unwrap(),
+            FailurePolicy::Closed,
+        )
+        .connection(conn)
+        .timeout(Duration::from_secs(2))
+        .prefix(prefix)
+        .build()
+        .unwrap()
+    }
+
+    /// How many keys each node holds.
+    async fn keys_per_node(&self) -> Vec<u64> {
+        let mut counts = Vec::new();
+        for node in &self.nodes {
+            let mut conn = node.conn().await;
+            counts.push(redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap());
+        }
+        counts
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_enforces_each_key_on_the_node_owning_its_hash_tag() {
+    let test = "a_cluster_enforces_each_key_on_the_node_owning_its_hash_tag";
+    let Some(cluster) = Cluster::start(test).await else {
+        return;
+    };
+    let prefix = unique_prefix(test);
+    let (a, b) = (
+        cluster.store(&prefix, 3).await,
+        cluster.store(&prefix, 3).await,
+    );
+
+    // 30 keys, each checked 5 times through alternating instances: 3 pass each.
+    let mut allowed = 0;
+    for key in 0..30u64 {
+        for i in 0..5 {
+            let s = if i % 2 == 0 { &a } else { &b };
+            allowed += s.check_n(&key, 1).await.unwrap().is_allowed() as u32;
+        }
+    }
+    assert_eq!(allowed, 90);
+    // One Redis key per user key, spread over the nodes by hash tag.
+    let per_node = cluster.keys_per_node().await;
+    assert_eq!(per_node.iter().sum::<u64>(), 30, "{per_node:?}");
+    assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+
+    // Scripts flushed everywhere: NOSCRIPT, SCRIPT LOAD on every master, retry.
+    for node in &cluster.nodes {
+        let mut conn = node.conn().await;
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    for key in 100..110u64 {
+        assert!(b.check_n(&key, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(a.stats().failures + b.stats().failures, 0);
+}

@@ -1,0 +1,310 @@
+//! The Redis store when Redis misbehaves, against private `redis-server`s on
+//! ephemeral loopback ports (never the shared one): nothing listening, killed,
+//! stalled (`CLIENT PAUSE`), scripts flushed. Every check is answered within the
+//! timeout plus a margin, as the failure policy says, and decisions are enforced
+//! again soon after Redis returns.
+//!
+//! Elapsed times are measured on the real clock and asserted generously: they are
+//! fault-handling bounds (no hang), not speed targets.
+#![cfg(feature = "redis")]
+
+mod redis_support;
+
+use redis_support::*;
+use std::time::{Duration, Instant};
+use tower_sliding_window::redis;
+use tower_sliding_window::{Decision, FailurePolicy, Policy, RedisStore, Store, StoreError};
+
+/// The per-call timeout under test. Above the 50 ms default so that a check on a
+/// healthy Redis never times out on a loaded CI machine (which would turn an
+/// "enforced" check into a fail-open pass); the bound under test is the same.
+const TIMEOUT: Duration = Duration::from_millis(200);
+/// How long the stalled Redis holds every command: longer than both bursts.
+const PAUSE_MS: u64 = 1200;
+/// Slack for a loaded machine: far below anything that would count as a hang.
+const MARGIN: Duration = Duration::from_millis(500);
+const CLOSED_RETRY_AFTER: Duration = Duration::from_secs(2);
+
+fn store(url: &str, failure: FailurePolicy, prefix: &str) -> RedisStore {
+    RedisStore::builder(Policy::per(3, Duration::from_secs(10)).unwrap(), failure)
+        .url(url)
+        .timeout(TIMEOUT)
+        .closed_retry_after(CLOSED_RETRY_AFTER)
+        .prefix(prefix)
+        .build()
+        .unwrap()
+}
+
+/// 16 concurrent checks of distinct keys, each with its elapsed real time.
+async fn burst(store: &RedisStore, tag: &str) -> Vec<(Result<Decision, StoreError>, Duration)> {
+    let checks: Vec<_> = (0..16)
+        .map(|i| {
+            let store = store.clone();
+            let key = format!("{tag}-{i}");
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let result = store.check_n(&key, 1).await;
+                (result, start.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for check in checks {
+        out.push(check.await.expect("check task"));
+    }
+    out
+}
+
+/// Every check answered within the timeout + margin, as `failure` says.
+fn assert_failed_within_timeout(
+    results: &[(Result<Decision, StoreError>, Duration)],
+    failure: FailurePolicy,
+    what: &str,
+) {
+    let slowest = results.iter().map(|(_, e)| *e).max().unwrap_or_default();
+    eprintln!(
+        "{what}: {} checks answered, slowest after {slowest:?}",
+        results.len()
+    );
+    for (result, elapsed) in results {
+        assert!(
+            *elapsed < TIMEOUT + MARGIN,
+            "{what}: answered after {elapsed:?}"
+        );
+        match (failure, result) {
+            (FailurePolicy::Open, Ok(d)) => {
+                assert!(d.is_allowed() && d.is_unchecked(), "{what}: {d:?}")
+            }
+            (FailurePolicy::Closed, Err(e)) => {
+                assert_eq!(e.retry_after(), CLOSED_RETRY_AFTER, "{what}")
+            }
+            (_, other) => panic!("{what}: {failure:?} store answered {other:?}"),
+        }
+    }
+}
+
+/// Both stores make real decisions again; returns how long that took.
+async fn wait_until_enforced(
+    open: &RedisStore,
+    closed: &RedisStore,
+    key: &'static str,
+) -> Duration {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < Duration::from_secs(3) {
+        let a = open.check_n(&key, 1).await;
+        let b = closed.check_n(&key, 1).await;
+        match (&a, &b) {
+            (Ok(a), Ok(_)) if !a.is_unchecked() => {
+                eprintln!("enforced again after {:?}", start.elapsed());
+                return start.elapsed();
+            }
+            _ => last = format!("{a:?} / {b:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("decisions not enforced 3 s after Redis returned: {last}");
+}
+
+/// Wait (bounded) until `store` is connected with its scripts loaded.
+async fn warmed(store: RedisStore) -> RedisStore {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = store.warm_up().await {
+        assert!(Instant::now() < deadline, "Redis not ready after 5 s: {e}");
+    }
+    store
+}
+
+/// The fleet limit holds through `store`: 3 allowed, then denied.
+async fn assert_enforced(store: &RedisStore, key: &'static str) {
+    for _ in 0..3 {
+        let d = store.check_n(&key, 1).await.unwrap();
+        assert!(d.is_allowed() && !d.is_unchecked(), "{d:?}");
+    }
+    assert!(!store.check_n(&key, 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn nothing_listening_is_answered_within_the_timeout_open_or_closed() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let prefix = unique_prefix("nothing_listening");
+    let open = store(&url, FailurePolicy::Open, &prefix);
+    let closed = store(&url, FailurePolicy::Closed, &prefix);
+    for round in 0..3 {
+        assert_failed_within_timeout(&burst(&open, "k").await, FailurePolicy::Open, "open");
+        assert_failed_within_timeout(&burst(&closed, "k").await, FailurePolicy::Closed, "closed");
+        let s = open.stats();
+        assert_eq!(
+            (s.failures, s.failed_open),
+            (16 * (round + 1), 16 * (round + 1))
+        );
+    }
+    assert_eq!(closed.stats().failed_open, 0);
+    // Undo without Redis is fire-and-forget: it returns at once and never panics.
+    let d = Decision::allow_unchecked(3);
+    Store::undo(&closed, &"k", &d);
+}
+
+#[tokio::test]
+async fn killed_redis_fails_open_or_closed_within_the_timeout_then_recovers() {
+    let test = "killed_redis_fails_open_or_closed_within_the_timeout_then_recovers";
+    let Some(mut server) = RedisServer::start(test).await else {
+        return;
+    };
+    let prefix = unique_prefix(test);
+    let open = warmed(store(&server.url(), FailurePolicy::Open, &prefix)).await;
+    let closed = warmed(store(&server.url(), FailurePolicy::Closed, &prefix)).await;
+    assert_enforced(&open, "before").await;
+
+    server.kill();
+    for _ in 0..3 {
+        assert_failed_within_timeout(&burst(&open, "down").await, FailurePolicy::Open, "open");
+        assert_failed_within_timeout(
+            &burst(&closed, "down").await,
+            FailurePolicy::Closed,
+            "closed",
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    server.restart().await;
+    let took = wait_until_enforced(&open, &closed, "probe").await;
+    assert!(
+        took < Duration::from_secs(1),
+        "enforced again after {took:?}"
+    );
+    // The restarted Redis lost the script and the counts: reloaded, enforced anew.
+    assert_enforced(&closed, "after").await;
+    assert!(!open.check_n(&"after", 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn stalled_redis_fails_open_or_closed_within_the_timeout_then_recovers() {
+    let test = "stalled_redis_fails_open_or_closed_within_the_timeout_then_recovers";
+    let Some(server) = RedisServer::start(test).await else {
+        return;
+    };
+    let prefix = unique_prefix(test);
+    let open = warmed(store(&server.url(), FailurePolicy::Open, &prefix)).await;
+    let closed = warmed(store(&server.url(), FailurePolicy::Closed, &prefix)).await;
+    assert_enforced(&open, "before").await;
+    assert!(!closed.check_n(&"before", 1).await.unwrap().is_allowed());
+
+    // Redis holds every client's commands for PAUSE_MS.
+    let mut admin = server.conn().await;
+    let paused_at = Instant::now();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(PAUSE_MS)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_failed_within_timeout(&burst(&open, "stall").await, FailurePolicy::Open, "open");
+    assert_failed_within_timeout(
+        &burst(&closed, "stall").await,
+        FailurePolicy::Closed,
+        "closed",
+    );
+    assert!(
+        paused_at.elapsed() < Duration::from_millis(PAUSE_MS),
+        "the bursts must run while Redis is paused"
+    );
+    assert!(open.stats().timeouts >= 16);
+
+    let took = wait_until_enforced(&open, &closed, "probe").await;
+    assert!(
+        paused_at.elapsed() < Duration::from_millis(PAUSE_MS) + Duration::from_secs(1),
+        "enforced again {took:?} after the checks resumed"
+    );
+    assert_enforced(&closed, "after").await;
+}
+
+#[tokio::test]
+async fn script_is_reloaded_after_script_flush() {
+    let test = "script_is_reloaded_after_script_flush";
+    let Some(server) = RedisServer::start(test).await else {
+        return;
+    };
+    let s = RedisStore::builder(
+        Policy::per(3, Duration::from_secs(10)).unwrap(),
+        FailurePolicy::Closed,
+    )
+    .url(&server.url())
+    .timeout(Duration::from_secs(2))
+    .prefix(unique_prefix(test))
+    .build()
+    .unwrap();
+    let check_sha = redis::Script::new(include_str!("../src/redis_store/check.lua"))
+        .get_hash()
+        .to_owned();
+    let mut admin = server.conn().await;
+    let script_exists = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("EXISTS").arg(&check_sha);
+        let mut conn = conn.clone();
+        async move { cmd.query_async::<Vec<bool>>(&mut conn).await.unwrap()[0] }
+    };
+
+    let first = s.check_n(&"k", 1).await.unwrap();
+    assert!(first.is_allowed());
+    assert!(script_exists(&mut admin).await);
+
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(!script_exists(&mut admin).await);
+    // EVALSHA answers NOSCRIPT; the store loads the script and decides, counting on.
+    let d = s.check_n(&"k", 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 1);
+    assert!(script_exists(&mut admin).await, "reloaded");
+    assert_eq!(s.stats().failures, 0);
+
+    // The undo script reloads the same way.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    s.undo_now(&"k", &d).await;
+    assert_eq!(s.stats().failures, 0);
+    assert_eq!(s.check_n(&"k", 1).await.unwrap().remaining(), 1);
+}
+
+#[tokio::test]
+async fn the_layer_answers_503_when_failing_closed_and_forwards_when_failing_open() {
+    use tower::ServiceExt;
+    use tower_sliding_window::{GlobalKey, SlidingWindowLayer};
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let prefix = unique_prefix("layer_failure_policy");
+    for (failure, expected) in [
+        (FailurePolicy::Closed, http::StatusCode::SERVICE_UNAVAILABLE),
+        (FailurePolicy::Open, http::StatusCode::OK),
+    ] {
+        let layer = SlidingWindowLayer::builder(GlobalKey)
+            .store(store(&url, failure, &prefix))
+            .build()
+            .unwrap();
+        let svc = tower::ServiceBuilder::new().layer(layer).service_fn(
+            |_req: http::Request<String>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+            },
+        );
+        for _ in 0..3 {
+            let start = Instant::now();
+            let response = svc
+                .clone()
+                .oneshot(http::Request::new(String::new()))
+                .await
+                .unwrap();
+            assert!(start.elapsed() < TIMEOUT + MARGIN);
+            assert_eq!(response.status(), expected, "{failure:?}");
+            if failure == FailurePolicy::Closed {
+                // Whole seconds of the store's suggestion.
+                assert_eq!(response.headers()["retry-after"], "2");
+            }
+        }
+    }
+}

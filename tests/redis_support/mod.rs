@@ -1,0 +1,245 @@
+//! Helpers shared by the Redis test binaries: finding the shared Redis (or
+//! skipping visibly), starting a private `redis-server`, unique key prefixes, and
+//! the strict-window check both stores are held to.
+#![allow(dead_code)]
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tower_sliding_window::redis;
+
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+fn require_redis() -> bool {
+    std::env::var("REQUIRE_REDIS").is_ok_and(|v| v == "1")
+}
+
+/// Skip the calling test with a visible notice, or fail it where Redis is required.
+pub fn skip(test: &str, why: &str) {
+    assert!(
+        !require_redis(),
+        "REQUIRE_REDIS=1 but {test} cannot run: {why}"
+    );
+    // Straight to the stderr handle: libtest captures eprintln! of passing tests,
+    // and a skip must be visible.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {test}: {why} (set REQUIRE_REDIS=1 to make this a failure)"
+    );
+}
+
+/// A plain connection to the shared Redis, or `None` (after a skip notice) when
+/// none answers.
+pub async fn shared_redis(test: &str) -> Option<redis::aio::MultiplexedConnection> {
+    let url = redis_url();
+    match connect(&url, Duration::from_secs(2)).await {
+        Ok(conn) => Some(conn),
+        Err(e) => {
+            skip(test, &format!("no Redis answers at {url} ({e})"));
+            None
+        }
+    }
+}
+
+pub async fn connect(
+    url: &str,
+    within: Duration,
+) -> Result<redis::aio::MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let attempt = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await?;
+        Ok::<_, redis::RedisError>(conn)
+    };
+    match tokio::time::timeout(within, attempt).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
+    }
+}
+
+/// A key prefix no other test (or test run) uses.
+pub fn unique_prefix(test: &str) -> String {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    format!("tswtest:{test}:{}:{:x}:", std::process::id(), h.finish())
+}
+
+/// A port nothing listens on (bound once, then released).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A private `redis-server` on an ephemeral loopback port, never the shared one:
+/// fault tests kill, pause and flush it. Killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Start one, or `None` (after a skip notice) when `redis-server` is missing.
+    pub async fn start(test: &str) -> Option<RedisServer> {
+        RedisServer::start_with(test, free_port(), Vec::new()).await
+    }
+
+    /// Start one on `port` with extra `redis-server` arguments.
+    pub async fn start_with(test: &str, port: u16, extra_args: Vec<String>) -> Option<RedisServer> {
+        let mut server = RedisServer {
+            port,
+            extra_args,
+            child: None,
+        };
+        match server.spawn().await {
+            Ok(()) => Some(server),
+            Err(e) => {
+                skip(test, &format!("cannot start redis-server: {e}"));
+                None
+            }
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(&self.extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match connect(&self.url(), Duration::from_millis(500)).await {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("not answering after 5 s: {e}"))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// Kill it (SIGKILL) and wait until it is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start it again on the same port; returns once it answers.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn()
+            .await
+            .expect("redis-server restarts on its port");
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        connect(&self.url(), Duration::from_secs(2))
+            .await
+            .expect("private redis-server answers")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One admitted check: the slot it was recorded in and its cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Admitted {
+    pub slot: u64,
+    pub cost: u32,
+}
+
+/// The strict guarantee, slot by slot: every span of N + 1 consecutive slots
+/// (which covers any interval of length `window`) holds at most `limit` units.
+pub fn assert_no_span_over_limit(admitted: &[Admitted], buckets: u32, limit: u32, who: &str) {
+    let mut per_slot = std::collections::BTreeMap::<u64, u64>::new();
+    for a in admitted {
+        *per_slot.entry(a.slot).or_default() += a.cost as u64;
+    }
+    for &end in per_slot.keys() {
+        let start = end.saturating_sub(buckets as u64);
+        let total: u64 = per_slot.range(start..=end).map(|(_, c)| c).sum();
+        assert!(
+            total <= limit as u64,
+            "{who}: {total} units admitted in slots {start}..={end}, limit {limit}"
+        );
+    }
+}
+
+/// A small deterministic generator for traces (xorshift64*).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One step of a trace: wait `gap`, then check `cost` units for key `key`.
+#[derive(Debug, Clone, Copy)]
+pub struct Step {
+    pub gap: Duration,
+    pub key: u64,
+    pub cost: u32,
+}
+
+/// A bursty trace over `keys` keys: mostly back-to-back checks, some short
+/// pauses and a few pauses of about a bucket, costs 1..=max_cost.
+pub fn bursty_trace(
+    seed: u64,
+    steps: usize,
+    keys: u64,
+    max_cost: u32,
+    bucket: Duration,
+) -> Vec<Step> {
+    let mut rng = Rng::new(seed);
+    (0..steps)
+        .map(|_| {
+            let gap = match rng.below(10) {
+                0..=5 => Duration::ZERO,
+                6..=8 => bucket / 8,
+                _ => bucket,
+            };
+            Step {
+                gap,
+                key: rng.below(keys),
+                cost: 1 + rng.below(max_cost as u64) as u32,
+            }
+        })
+        .collect()
+}
