@@ -5,9 +5,10 @@
 //! Run: `cargo bench --bench limiter`, then `python3 benches/table.py` for the
 //! ratios (ours / governor time; 2-thread / 1-thread throughput).
 //!
-//! Both limiters run on their default clocks (ours: `TokioClock`; governor: quanta)
-//! and their default hashers, with `u64` keys; `ours_coarse` is ours on the opt-in
-//! `CoarseClock`.
+//! Both limiters run on their default clocks (ours: `AutoClock`, which outside a
+//! paused tokio runtime reads `CLOCK_MONOTONIC_COARSE`; governor: quanta) and their
+//! default hashers, with `u64` keys; `ours_tokio` is ours on `TokioClock` (the tower
+//! layer's clock).
 //! - `*_allowed`: a limit far above the request rate (1e9 per second), so every
 //!   check is admitted and counted.
 //! - `*_denied`: 1 per hour, so after the first check every check is denied (the
@@ -20,7 +21,7 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
-use tower_sliding_window::{Clock, CoarseClock, Limiter, Policy, TokioClock};
+use tower_sliding_window::{Clock, Limiter, Policy, TokioClock};
 
 /// Keys in the round-robin workloads.
 const KEYS: u64 = 100_000;
@@ -51,22 +52,26 @@ enum Load {
     Denied,
 }
 
-fn ours(load: Load) -> Limiter<u64> {
-    ours_on(load, TokioClock::new())
-}
-
-/// Ours on the opt-in `CoarseClock` (CLOCK_MONOTONIC_COARSE).
-fn ours_coarse(load: Load) -> Limiter<u64, CoarseClock> {
-    ours_on(load, CoarseClock::new())
-}
-
-fn ours_on<C: Clock>(load: Load, clock: C) -> Limiter<u64, C> {
-    let policy = match load {
+fn policy(load: Load) -> Policy {
+    match load {
         Load::Allowed => Policy::per(1_000_000_000, Duration::from_secs(1)),
         Load::Denied => Policy::per(1, Duration::from_secs(3600)),
-    };
-    Limiter::builder(policy.unwrap())
-        .clock(clock)
+    }
+    .unwrap()
+}
+
+/// Ours on its default clock.
+fn ours(load: Load) -> Limiter<u64> {
+    Limiter::builder(policy(load))
+        .max_keys(2 * KEYS as usize)
+        .build()
+        .unwrap()
+}
+
+/// Ours on `TokioClock` (what the tower layer uses).
+fn ours_tokio(load: Load) -> Limiter<u64, TokioClock> {
+    Limiter::builder(policy(load))
+        .clock(TokioClock::new())
         .max_keys(2 * KEYS as usize)
         .build()
         .unwrap()
@@ -168,7 +173,7 @@ fn single_thread(c: &mut Criterion, name: &str, load: Load, keys: Keys) {
     let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(1));
     bench_single(&mut group, "ours", &ours(load), keys);
-    bench_single(&mut group, "ours_coarse", &ours_coarse(load), keys);
+    bench_single(&mut group, "ours_tokio", &ours_tokio(load), keys);
     bench_single(&mut group, "governor", &governor(load), keys);
     group.finish();
 }
@@ -185,7 +190,7 @@ fn multi_thread(c: &mut Criterion, name: &str, load: Load, keys: Keys) {
     // One iteration = one check on each thread: criterion's throughput is the total.
     group.throughput(Throughput::Elements(THREADS));
     bench_multi(&mut group, "ours", &ours(load), keys);
-    bench_multi(&mut group, "ours_coarse", &ours_coarse(load), keys);
+    bench_multi(&mut group, "ours_tokio", &ours_tokio(load), keys);
     bench_multi(&mut group, "governor", &governor(load), keys);
     group.finish();
 }

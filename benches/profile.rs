@@ -6,7 +6,8 @@
 //! valgrind --tool=callgrind target/release/deps/profile-* ours-hot 1000000
 //! ```
 //!
-//! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`, `nothing`.
+//! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
+//! `ours-hot-auto` (the default clock), `nothing`.
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
 //! move), except `ours-hot-tokio`, so the clock's share can be told apart.
 
@@ -15,7 +16,7 @@ use governor::{Quota, RateLimiter};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tower_sliding_window::{Clock, Limiter, ManualClock, Policy, TokioClock};
+use tower_sliding_window::{AutoClock, Clock, Limiter, ManualClock, Policy, TokioClock};
 
 const KEYS: u64 = 100_000;
 
@@ -77,6 +78,12 @@ fn main() {
         "ours-hot" => ours(ManualClock::new(), false, 1, iters),
         "ours-hot-denied" => ours(ManualClock::new(), true, 1, iters),
         "ours-hot-tokio" => ours(TokioClock::new(), false, 1, iters),
+        "ours-hot-auto" => ours(
+            AutoClock::for_bucket(Duration::from_millis(66)),
+            false,
+            1,
+            iters,
+        ),
         "ours-100k" => ours(ManualClock::new(), false, KEYS, iters),
         "ours-100k-denied" => ours(ManualClock::new(), true, KEYS, iters),
         "governor-hot" => governor(false, 1, iters),

@@ -44,12 +44,12 @@ def main():
     groups = sorted({g for g, _ in est if g[:3] in ("1t_", "2t_")},
                     key=lambda g: (g[:2], g))
     if groups:
-        print("| workload | threads | ours ns/iter | ours_coarse ns/iter | governor ns/iter"
-              " | ours Mchecks/s | governor Mchecks/s | ours / governor | ours_coarse / governor"
+        print("| workload | threads | ours ns/iter | ours_tokio ns/iter | governor ns/iter"
+              " | ours Mchecks/s | governor Mchecks/s | ours / governor | ours_tokio / governor"
               " | target |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for g in groups:
-            o, oc, gv = (est.get((g, f)) for f in ("ours", "ours_coarse", "governor"))
+            o, oc, gv = (est.get((g, f)) for f in ("ours", "ours_tokio", "governor"))
             if o is None or gv is None:
                 continue
             t = threads(g)
@@ -62,11 +62,11 @@ def main():
                  ("2t_own_50k_keys_allowed", "1t_100k_keys_allowed"),
                  ("2t_one_key_allowed", "1t_hot_key_allowed"),
                  ("2t_one_key_denied", "1t_hot_key_denied")]
-        print("| 2-thread / 1-thread throughput | ours | ours_coarse | governor |")
+        print("| 2-thread / 1-thread throughput | ours | ours_tokio | governor |")
         print("|---|---|---|---|")
         for two, one in pairs:
             row = []
-            for who in ("ours", "ours_coarse", "governor"):
+            for who in ("ours", "ours_tokio", "governor"):
                 t2, t1 = est.get((two, who)), est.get((one, who))
                 row.append(f"{2 * t1 / t2:.2f}×" if t1 and t2 else "–")
             print(f"| {two} vs {one} | " + " | ".join(row) + " |")

@@ -61,6 +61,140 @@ impl Clock for TokioClock {
     }
 }
 
+/// Where an [`AutoClock`] reads the time, chosen once when it is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSource {
+    /// tokio's clock ([`TokioClock`]): the clock was built inside a tokio runtime
+    /// whose time is paused, so tests drive it with `tokio::time::advance`.
+    Tokio,
+    /// `CLOCK_MONOTONIC_COARSE` ([`CoarseClock`]): a few nanoseconds a read.
+    Coarse,
+    /// `std::time::Instant` (`CLOCK_MONOTONIC`): for buckets too narrow for the
+    /// coarse clock's tick, or where it does not exist.
+    Precise,
+}
+
+/// The default clock of [`Limiter`](crate::Limiter): the cheapest monotonic
+/// source that is exact enough for the policy, chosen once when it is built.
+///
+/// - Built inside a tokio runtime whose clock is **paused** (as in
+///   `#[tokio::test(start_paused = true)]`), it follows tokio's clock, like
+///   [`TokioClock`], so tests drive the limiter with `tokio::time::advance`.
+/// - Otherwise it reads `CLOCK_MONOTONIC_COARSE` (see [`CoarseClock`]), which
+///   costs a fraction of `Instant::now` and reading the clock was the largest
+///   single cost of a check (`benches/clock.rs`). Decisions are exact in that
+///   clock's time, which lags real time by less than one kernel tick.
+/// - If the policy's bucket is narrower than [`COARSE_TICKS_PER_BUCKET`](Self::COARSE_TICKS_PER_BUCKET)
+///   coarse ticks (or the platform has no coarse clock), it reads
+///   `std::time::Instant`, so no policy is rejected for the clock's resolution.
+///
+/// The choice is made once: a runtime paused after the clock was built is not
+/// followed (build the limiter after pausing, or pass a [`TokioClock`]). The
+/// tower layer's limiters use [`TokioClock`], since their waits are tokio timers.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{AutoClock, Clock, TimeSource};
+///
+/// // Not inside a paused runtime: a 100 ms bucket is read from the coarse clock
+/// // where there is one, a 100 µs bucket from the precise one.
+/// let wide = AutoClock::for_bucket(Duration::from_millis(100));
+/// assert_ne!(wide.source(), TimeSource::Tokio);
+/// let narrow = AutoClock::for_bucket(Duration::from_micros(100));
+/// assert_eq!(narrow.source(), TimeSource::Precise);
+/// assert!(narrow.resolution() <= Duration::from_micros(100));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct AutoClock {
+    inner: AutoInner,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum AutoInner {
+    Tokio(TokioClock),
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    Coarse(CoarseClock),
+    Precise(std::time::Instant),
+}
+
+impl AutoClock {
+    /// The coarse clock is used only when a bucket spans at least this many of
+    /// its ticks, so a reading's lag (under one tick) is a small part of a bucket.
+    pub const COARSE_TICKS_PER_BUCKET: u32 = 4;
+
+    /// The clock for a policy whose bucket is `bucket` wide
+    /// ([`Policy::bucket_width`](crate::Policy::bucket_width)).
+    pub fn for_bucket(bucket: Duration) -> Self {
+        let inner = if tokio_clock_is_paused() {
+            AutoInner::Tokio(TokioClock::new())
+        } else {
+            Self::outside_paused_tokio(bucket)
+        };
+        AutoClock { inner }
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    fn outside_paused_tokio(bucket: Duration) -> AutoInner {
+        let coarse = CoarseClock::new();
+        if bucket >= coarse.resolution() * Self::COARSE_TICKS_PER_BUCKET {
+            AutoInner::Coarse(coarse)
+        } else {
+            AutoInner::Precise(std::time::Instant::now())
+        }
+    }
+
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    fn outside_paused_tokio(_bucket: Duration) -> AutoInner {
+        AutoInner::Precise(std::time::Instant::now())
+    }
+
+    /// Where this clock reads the time.
+    pub fn source(&self) -> TimeSource {
+        match self.inner {
+            AutoInner::Tokio(_) => TimeSource::Tokio,
+            #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+            AutoInner::Coarse(_) => TimeSource::Coarse,
+            AutoInner::Precise(_) => TimeSource::Precise,
+        }
+    }
+}
+
+impl Clock for AutoClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        match &self.inner {
+            #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+            AutoInner::Coarse(c) => c.now_nanos(),
+            AutoInner::Precise(origin) => origin.elapsed().as_nanos() as u64,
+            AutoInner::Tokio(c) => c.now_nanos(),
+        }
+    }
+
+    fn resolution(&self) -> Duration {
+        match &self.inner {
+            #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+            AutoInner::Coarse(c) => c.resolution(),
+            AutoInner::Precise(_) | AutoInner::Tokio(_) => Duration::from_nanos(1),
+        }
+    }
+}
+
+/// Whether this thread runs inside a tokio runtime whose clock is paused. tokio
+/// has no query for it, so watch: while `std`'s clock moves on by a microsecond,
+/// a running tokio clock (which reads the same `CLOCK_MONOTONIC`) moves too, and a
+/// paused one cannot (it only moves by `advance` or when the runtime is idle).
+fn tokio_clock_is_paused() -> bool {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return false;
+    }
+    let tokio_before = tokio::time::Instant::now();
+    let std_before = std::time::Instant::now();
+    while std_before.elapsed() < Duration::from_micros(1) {
+        std::hint::spin_loop();
+    }
+    tokio::time::Instant::now() == tokio_before
+}
+
 /// `CLOCK_MONOTONIC_COARSE`: the time of the kernel's last tick, read from the
 /// vDSO without touching the TSC. About a quarter of the cost of
 /// `Instant::now` on the benchmark machine (see `benches/clock.rs`), at the price
@@ -68,7 +202,8 @@ impl Clock for TokioClock {
 /// reports it, and a policy whose bucket is narrower is rejected at build time).
 ///
 /// Unlike [`TokioClock`] it does not follow tokio's paused clock, so tests that
-/// drive time with `tokio::time::advance` should keep the default. Decisions are
+/// drive time with `tokio::time::advance` should use [`TokioClock`] or the default
+/// [`AutoClock`] (which uses this clock outside a paused runtime). Decisions are
 /// exact in this clock's time, which lags real time by less than one tick.
 ///
 /// ```
@@ -205,6 +340,36 @@ mod tests {
         }
         let tick = clock.resolution();
         assert!(tick > Duration::ZERO && tick < Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_clock_follows_a_paused_tokio_clock() {
+        let clock = AutoClock::for_bucket(Duration::from_secs(1));
+        assert_eq!(clock.source(), TimeSource::Tokio);
+        let before = clock.now_nanos();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(clock.now_nanos() - before, 5_000_000_000);
+    }
+
+    #[tokio::test]
+    async fn auto_clock_in_a_running_tokio_clock_reads_the_coarse_clock() {
+        let clock = AutoClock::for_bucket(Duration::from_secs(1));
+        assert_eq!(clock.source(), TimeSource::Coarse);
+    }
+
+    #[test]
+    fn auto_clock_never_rejects_a_policy_for_resolution() {
+        let tick = CoarseClock::new().resolution();
+        let wide = AutoClock::for_bucket(tick * AutoClock::COARSE_TICKS_PER_BUCKET);
+        assert_eq!(wide.source(), TimeSource::Coarse);
+        let narrow = AutoClock::for_bucket(
+            tick * AutoClock::COARSE_TICKS_PER_BUCKET - Duration::from_nanos(1),
+        );
+        assert_eq!(narrow.source(), TimeSource::Precise);
+        // The default builder picks the clock from the policy: a 15 ns bucket builds.
+        let policy = crate::Policy::per(10, Duration::from_nanos(15)).unwrap();
+        let built: Result<crate::Limiter<u8>, _> = crate::Limiter::builder(policy).build();
+        assert_eq!(built.unwrap().clock().source(), TimeSource::Precise);
     }
 
     #[test]

@@ -240,7 +240,7 @@ impl<K> fmt::Display for LoggedKey<'_, K> {
 pub struct SlidingWindowLayer<
     K,
     X,
-    St = Limiter<K>,
+    St = Limiter<K, crate::TokioClock>,
     M = HttpRejection,
     Co = crate::layer::UnitCost,
     Ex = crate::layer::NoExemption,
@@ -325,7 +325,12 @@ where
             factory: Some(Box::new(|policies, max_keys| {
                 policies
                     .into_iter()
-                    .map(|p| Limiter::builder(p).max_keys(max_keys).build())
+                    .map(|p| {
+                        Limiter::builder(p)
+                            .clock(crate::TokioClock::new())
+                            .max_keys(max_keys)
+                            .build()
+                    })
                     .collect()
             })),
             mode: HttpRejection::default(),
@@ -386,7 +391,7 @@ impl<S, K, X, St, M, Co, Ex> Layer<S> for SlidingWindowLayer<K, X, St, M, Co, Ex
 pub struct SlidingWindowLayerBuilder<
     K,
     X,
-    St = Limiter<K>,
+    St = Limiter<K, crate::TokioClock>,
     M = HttpRejection,
     Co = UnitCost,
     Ex = NoExemption,
@@ -852,8 +857,8 @@ mod tests {
         let layer: SlidingWindowLayer<u8, _> = SlidingWindowLayer::new(per_second(5), key).unwrap();
         let clone = layer.clone();
         assert!(Arc::ptr_eq(&layer.shared, &clone.shared));
-        let a: *const Limiter<u8> = layer.stores().next().unwrap();
-        let b: *const Limiter<u8> = clone.stores().next().unwrap();
+        let a: *const Limiter<u8, crate::TokioClock> = layer.stores().next().unwrap();
+        let b: *const Limiter<u8, crate::TokioClock> = clone.stores().next().unwrap();
         assert_eq!(a, b);
     }
 }

@@ -72,8 +72,11 @@
 //!
 //! # Time
 //!
-//! Decisions use a [`Clock`]: [`TokioClock`] (the default) follows tokio's clock, so
-//! tests run on paused time; [`ManualClock`] is set by hand.
+//! Decisions use a [`Clock`]. A [`Limiter`]'s default, [`AutoClock`], follows
+//! tokio's clock when built inside a paused tokio runtime (so tests run on paused
+//! time) and otherwise reads the cheapest monotonic clock fine enough for the
+//! policy; the tower layer's limiters use [`TokioClock`], since their waits are
+//! tokio timers. [`ManualClock`] is set by hand; [`CoarseClock`] is opt-in.
 //!
 //! # Feature flags
 //!
@@ -110,7 +113,7 @@ mod waiting;
 pub use backpressure::Backpressure;
 #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
 pub use clock::CoarseClock;
-pub use clock::{Clock, ManualClock, TokioClock};
+pub use clock::{AutoClock, Clock, ManualClock, TimeSource, TokioClock};
 pub use decision::{Decision, Outcome};
 pub use error::{ConfigError, KeyMissing, RateLimited};
 pub use extract::{

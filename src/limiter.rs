@@ -1,7 +1,7 @@
 //! The keyed limiter: a concurrent map from key to [`Ring`], with idle keys
 //! evicted on the request path and a hard cap on how many keys are tracked.
 
-use crate::clock::{Clock, TokioClock};
+use crate::clock::{AutoClock, Clock};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::policy::Policy;
@@ -39,6 +39,14 @@ const SHARDS_PER_PARTITION: usize = 4;
 /// ring holds units in the window, new keys keep going to it even if room frees
 /// up, so no key ever leaves it for a fresh ring with units still in its window.
 ///
+/// **Time:** by default a limiter reads an [`AutoClock`], chosen when it is built:
+/// tokio's clock inside a paused tokio runtime (tests drive it with
+/// `tokio::time::advance`), otherwise the coarse monotonic clock (a few
+/// nanoseconds a read; reading the precise clock was the largest single cost of a
+/// check), or the precise one when the policy's buckets are too narrow for it.
+/// [`LimiterBuilder::clock`] picks another ([`TokioClock`](crate::TokioClock),
+/// [`ManualClock`](crate::ManualClock), or any [`Clock`]).
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_sliding_window::{Limiter, ManualClock, Policy};
@@ -57,7 +65,7 @@ const SHARDS_PER_PARTITION: usize = 4;
 /// clock.advance(Duration::from_millis(1100)); // one window plus one bucket
 /// assert!(limiter.check(&"10.0.0.1").is_allowed());
 /// ```
-pub struct Limiter<K, C = TokioClock> {
+pub struct Limiter<K, C = AutoClock> {
     geometry: Geometry,
     policy: Policy,
     clock: C,
@@ -151,19 +159,22 @@ impl<C> LimiterBuilder<C> {
     }
 }
 
-impl<K: Hash + Eq + Clone> Limiter<K, TokioClock> {
-    /// A limiter on tokio's clock with the default key cap.
+impl<K: Hash + Eq + Clone> Limiter<K, AutoClock> {
+    /// A limiter on the default clock ([`AutoClock`]) with the default key cap.
     pub fn new(policy: Policy) -> Result<Self, ConfigError> {
         Limiter::builder(policy).build()
     }
 }
 
-impl Limiter<(), TokioClock> {
-    /// Start building a limiter for `policy`.
-    pub fn builder(policy: Policy) -> LimiterBuilder<TokioClock> {
+impl Limiter<(), AutoClock> {
+    /// Start building a limiter for `policy`, on the default clock: an
+    /// [`AutoClock`] chosen for the policy's bucket width (tokio's clock when built
+    /// inside a paused tokio runtime; otherwise a cheap coarse monotonic clock, or
+    /// the precise one for narrow buckets).
+    pub fn builder(policy: Policy) -> LimiterBuilder<AutoClock> {
         LimiterBuilder {
+            clock: AutoClock::for_bucket(policy.bucket_width()),
             policy,
-            clock: TokioClock::new(),
             max_keys: Limiter::DEFAULT_MAX_KEYS,
         }
     }

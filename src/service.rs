@@ -50,7 +50,7 @@ pub struct SlidingWindow<
     S,
     K,
     X,
-    St = Limiter<K>,
+    St = Limiter<K, crate::TokioClock>,
     M = HttpRejection,
     Co = UnitCost,
     Ex = NoExemption,
