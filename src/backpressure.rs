@@ -8,7 +8,7 @@
 //! frees. A reservation that is never spent (the value is dropped) is given back
 //! and the next waiter is woken to take it; a clone starts without one.
 
-use crate::clock::{Clock, TokioClock};
+use crate::clock::{AutoClock, Clock};
 use crate::decision::Decision;
 use crate::limiter::Limiter;
 use crate::wait::{Reservation, WaitConfig, WaitQueues, WaitRejected};
@@ -39,7 +39,7 @@ use std::task::{Context, Poll};
 /// drop(ready); // unspent: the unit is given back
 /// # }
 /// ```
-pub struct Backpressure<C: Clock = TokioClock> {
+pub struct Backpressure<C: Clock = AutoClock> {
     reservation: Reservation<(), WaitQueues<(), C>, Decision>,
 }
 

@@ -10,8 +10,8 @@
 //!
 //! Only the **head** of a queue (the oldest waiter not yet admitted) holds a
 //! timer: it checks the limiter, and when denied sleeps until the decision's
-//! `retry_after`, the exact instant its cost fits ([`TokioClock`] follows tokio's
-//! clock, so the limiter and the timer agree). When it fits, the head admits
+//! `retry_after`, the exact instant its cost fits (with [`TokioClock`](crate::TokioClock), the
+//! limiter and the timer read the same clock). When it fits, the head admits
 //! itself and every following waiter that fits at the same instant, in order, and
 //! wakes them; the next waiter still over the limit becomes the head and arms its
 //! own timer. So a waiter registers **at most one timer** (none when it is
@@ -50,8 +50,12 @@
 //!
 //! # Requirements and memory
 //!
-//! Waits are tokio timers, so the limiter's clock must follow tokio's
-//! ([`TokioClock`], the default). As with any future, a waiter must be polled
+//! Waits are tokio timers, so they are exact when the limiter's clock is tokio's
+//! ([`TokioClock`](crate::TokioClock), as the tower layer uses; [`AutoClock`](crate::AutoClock)
+//! in a paused runtime). With another monotonic clock a wait is measured as a
+//! duration from that clock's reading, so it is never early; a clock that lags
+//! (the coarse one) can make the head wake up to one of its ticks late, or check
+//! once more and sleep again. As with any future, a waiter must be polled
 //! for its queue to move: the head is the only waiter with a timer. A waiting
 //! key costs one map entry holding its waiters (at most `max_queue`) and, with a
 //! `max_wait`, a forecast of at most N + 1 buckets per policy; the entry is
@@ -71,7 +75,7 @@ pub(crate) use forecast::fingerprint;
 pub use forecast::WindowSnapshot;
 pub(crate) use queue::{release, Denied, Gate, Queues, Rejection, Reservation, Waiter};
 
-use crate::clock::{Clock, TokioClock};
+use crate::clock::{AutoClock, Clock};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
@@ -263,7 +267,7 @@ where
 /// assert_eq!(tokio::time::Instant::now(), start + Duration::from_millis(1600));
 /// # }
 /// ```
-pub struct WaitQueues<K, C = TokioClock> {
+pub struct WaitQueues<K, C = AutoClock> {
     limiter: Arc<Limiter<K, C>>,
     queues: Queues<K, Decision>,
 }
@@ -370,7 +374,7 @@ where
 /// or to a [`WaitRejected`] decided at once. Dropping it before it resolves
 /// leaves the queue and gives back any units it was admitted with.
 #[must_use = "a waiter does nothing unless polled, and leaves its queue when dropped"]
-pub struct Acquire<K, C = TokioClock>
+pub struct Acquire<K, C = AutoClock>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
