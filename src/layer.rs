@@ -18,8 +18,38 @@ use tower_layer::Layer;
 
 /// What the layer does when a request is over a limit.
 ///
-/// Only [`OnLimit::Reject`] exists today; waiting variants (a bounded wait in the
-/// response future, backpressure in `poll_ready`) slot in here.
+/// ```
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_sliding_window::{OnLimit, Policy, SlidingWindowLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let by_user = |req: &Request<String>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec());
+/// // 1 request per 1.5 s per user (15 buckets of 100 ms); wait up to 2 s for a turn.
+/// let layer = SlidingWindowLayer::builder(by_user)
+///     .policy(Policy::per(1, Duration::from_millis(1500))?)
+///     .on_limit(OnLimit::Wait { max_wait: Duration::from_secs(2), max_queue: 8 })
+///     .build()?;
+/// let svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+///
+/// let req = || Request::builder().header("x-user", "ada").body(String::new()).unwrap();
+/// let start = tokio::time::Instant::now();
+/// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
+/// // The second waits until the first leaves the window (1.5 s plus a bucket)...
+/// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
+/// assert_eq!(start.elapsed(), Duration::from_millis(1600));
+/// // ...and one whose turn would come after more than 2 s is rejected at once.
+/// let (second, third) = (svc.clone().oneshot(req()), svc.clone().oneshot(req()));
+/// let (second, third) = tokio::join!(second, third);
+/// assert_eq!(second?.status(), StatusCode::OK);
+/// assert_eq!(third?.status(), StatusCode::TOO_MANY_REQUESTS);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnLimit {
@@ -27,6 +57,28 @@ pub enum OnLimit {
     /// [`RateLimited`](crate::RateLimited) error (error mode).
     #[default]
     Reject,
+    /// Hold the request in its response future until its turn, FIFO per key, and
+    /// forward it at the instant the policies allow. A request whose turn would
+    /// come later than `max_wait` after its arrival, or that finds `max_queue`
+    /// requests of its key already waiting, is rejected at once (as with
+    /// `Reject`, its `Retry-After` telling when its turn would have come).
+    /// Dropping the response future (a client gone, a timeout) leaves the queue
+    /// and gives back any units it was admitted with. In-memory limiters only.
+    Wait {
+        /// The longest a request may wait for its turn.
+        max_wait: std::time::Duration,
+        /// The most requests of one key waiting at once (at least 1).
+        max_queue: usize,
+    },
+    /// For a global limit ([`GlobalKey`](crate::GlobalKey)): `poll_ready` returns
+    /// `Pending` while the window is full and reserves a unit when ready, which
+    /// the next `call` spends (a clone, or a service dropped without calling,
+    /// gives it back). Every clone waiting on the limit is served in turn. A
+    /// `call` without a reservation (no `poll_ready`, or a request costing more
+    /// than one unit) waits for its turn in its response future instead.
+    /// A keyed layer cannot use it (`poll_ready` sees no request, so no key):
+    /// building one is a [`ConfigError`]. In-memory limiters only.
+    Backpressure,
 }
 
 /// What a request whose extractor returned `None` gets.
@@ -147,6 +199,10 @@ pub(crate) struct Shared<K, X, St, M, Co, Ex> {
     pub(crate) dry_run: bool,
     pub(crate) key_formatter: Option<KeyFormatter<K>>,
     pub(crate) counters: LayerCounters,
+    /// The wait queues of `OnLimit::Wait` and `OnLimit::Backpressure`.
+    pub(crate) wait: crate::waiting::LayerQueues<K>,
+    /// The key of a global limit (`()`), for `OnLimit::Backpressure`.
+    pub(crate) global_key: Option<K>,
 }
 
 impl<K, X, St, M, Co, Ex> Shared<K, X, St, M, Co, Ex> {
@@ -501,7 +557,9 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
     /// Errors: no policy, more than [`MAX_POLICIES`], stores mixed with
     /// [`policy`](Self::policy), a policy name that is not printable ASCII or is
     /// used twice, a rejection status that is not 4xx/5xx, a gRPC code outside
-    /// 1..=16, and any limiter configuration error.
+    /// 1..=16, any limiter configuration error, and for the waiting modes of
+    /// [`OnLimit`]: a store that is not in-memory, `max_queue` 0, or
+    /// `Backpressure` on a keyed layer.
     pub fn build(self) -> Result<SlidingWindowLayer<K, X, St, M, Co, Ex>, ConfigError>
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -547,6 +605,7 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
             });
         }
         let policy_header = response::policy_header(limits.iter().map(|l| l.store.policy()));
+        let (wait, global_key) = crate::waiting::configure(common.on_limit, &limits)?;
         Ok(SlidingWindowLayer {
             shared: Arc::new(Shared {
                 extractor: common.extractor,
@@ -560,6 +619,8 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
                 dry_run: common.dry_run,
                 key_formatter: common.key_formatter,
                 counters: LayerCounters::default(),
+                wait,
+                global_key,
             }),
         })
     }

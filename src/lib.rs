@@ -56,6 +56,11 @@
 //! [`RateLimited`] error. See [`SlidingWindowLayerBuilder`] for several policies,
 //! request costs, exemptions, dry runs and remote [`Store`]s.
 //!
+//! Instead of rejecting, a request over the limit can wait its turn in its
+//! response future, FIFO per key and bounded ([`OnLimit::Wait`]), or a global
+//! limit can hold back `poll_ready` ([`OnLimit::Backpressure`]). The queues
+//! work without tower too: [`WaitQueues`] and [`Backpressure`].
+//!
 //! # The precision guarantee
 //!
 //! In [`Precision::Strict`] mode (the default), **no interval of length `window`
@@ -84,6 +89,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod backpressure;
 mod clock;
 mod decision;
 mod error;
@@ -101,7 +107,10 @@ mod service;
 mod stats;
 mod store;
 mod sync;
+mod wait;
+mod waiting;
 
+pub use backpressure::Backpressure;
 #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
 pub use clock::CoarseClock;
 pub use clock::{AutoClock, Clock, ManualClock, TimeSource, TokioClock};
@@ -123,6 +132,9 @@ pub use response::RateLimitHeaders;
 pub use service::SlidingWindow;
 pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError};
+pub use wait::{Acquire, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected, WaitStats};
+#[doc(hidden)]
+pub use wait::{LocalStore, WindowSnapshot};
 
 /// The `redis` crate this store is built on (feature `redis`), for
 /// [`RedisStoreBuilder::client`].

@@ -7,6 +7,7 @@ use crate::error::ConfigError;
 use crate::policy::Policy;
 use crate::ring::{Geometry, Ring};
 use crate::stats::{Counters, KeyUsage, Stats};
+use crate::wait::WindowSnapshot;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::hash::{BuildHasher, Hash};
@@ -269,6 +270,29 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         (0..self.partitions.len())
             .map(|p| self.sweep_partition(p, now))
             .sum()
+    }
+
+    /// The key's window now, bucket by bucket, for the wait queue's forecast.
+    /// Nothing is counted.
+    pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
+        let g = &self.geometry;
+        let now = self.clock.now_nanos();
+        let (slot, counts) = match self.partition(key).get(key) {
+            Some(ring) => ring.counts_by_age(g, now),
+            None => (g.slot(now), vec![0; g.buckets() as usize + 1]),
+        };
+        WindowSnapshot {
+            geometry: *g,
+            now,
+            slot,
+            counts,
+        }
+    }
+
+    /// True while an admitted `decision` was counted in the current bucket, so
+    /// spending it now keeps the window guarantee for the instant it is spent.
+    pub(crate) fn is_current(&self, decision: &Decision) -> bool {
+        decision.slot >= self.geometry.slot(self.clock.now_nanos())
     }
 
     fn partition(&self, key: &K) -> &DashMap<K, Ring, Hasher> {

@@ -97,6 +97,16 @@ impl Geometry {
         self.limit
     }
 
+    /// N: buckets per window.
+    pub(crate) fn buckets(&self) -> u64 {
+        self.n
+    }
+
+    /// Bucket width in nanoseconds.
+    pub(crate) fn width(&self) -> u64 {
+        self.width
+    }
+
     /// Slots a unit stays counted: one recorded at slot `x` has left every span
     /// from slot `x + span_slots()` on.
     pub(crate) fn span_slots(&self) -> u64 {
@@ -383,7 +393,18 @@ impl Ring {
         }
     }
 
-    #[cfg(tsw_loom)]
+    /// The slot a check at `now` would run at, and the units counted at each age
+    /// `0..=N` relative to it (index = age). A plain read, nothing counted: the
+    /// wait queue forecasts admission times from it.
+    pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
+        let newest = self.cells[0].load(SeqCst) & !RESETTING;
+        let s = g.slot(now).max(newest);
+        if s - newest > g.n {
+            return (s, vec![0; g.len as usize]);
+        }
+        (s, (0..=g.n).map(|a| self.count_at_age(g, s, a)).collect())
+    }
+
     fn count_at_age(&self, g: &Geometry, s: u64, a: u64) -> u64 {
         let slot = s.wrapping_sub(a);
         let cell = self.bucket(g, slot).load(SeqCst);

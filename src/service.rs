@@ -6,10 +6,11 @@
 //! that cannot answer at once moves the rest into the response future
 //! (`decide_later`); everything after the answers is the same code.
 //!
-//! Adding a waiting behaviour: give [`OnLimit`] the variant, make `act` return a
-//! new `Action` for it, and give the response future a matching state in
-//! `future.rs` (its one state enum). Backpressure for key-less limits belongs in
-//! `poll_ready`, which today only forwards the inner service's readiness.
+//! The waiting modes (`OnLimit::Wait`, `OnLimit::Backpressure`) branch off
+//! after the cost into [`crate::waiting`]: the request joins its key's queue
+//! (which checks the same stores, all-or-nothing) and is forwarded, rejected
+//! through [`act`], or waits in the response future. Backpressure also holds
+//! `poll_ready` until a unit is reserved.
 
 use crate::decision::{Decision, Outcome};
 use crate::extract::KeyExtractor;
@@ -32,9 +33,10 @@ use tower_service::Service;
 
 /// A service rate-limited by a [`SlidingWindowLayer`].
 ///
-/// `poll_ready` is the inner service's; the limit is decided in `call`, so a
-/// request over the limit never waits for the inner service. `call` never
-/// panics, even when `poll_ready` was skipped.
+/// `poll_ready` is the inner service's (with [`OnLimit::Backpressure`], it is
+/// first `Pending` until a unit is reserved for the next `call`); the limit is
+/// decided in `call`, so a request over the limit never waits for the inner
+/// service. `call` never panics, even when `poll_ready` was skipped.
 ///
 /// With the in-memory [`Limiter`] (or any store that answers through
 /// [`Store::check_now`]) the decision is made inside `call`: an allowed request
@@ -53,14 +55,20 @@ pub struct SlidingWindow<
     Co = UnitCost,
     Ex = NoExemption,
 > {
-    inner: S,
-    layer: SlidingWindowLayer<K, X, St, M, Co, Ex>,
+    pub(crate) inner: S,
+    pub(crate) layer: SlidingWindowLayer<K, X, St, M, Co, Ex>,
+    /// `OnLimit::Backpressure`: the unit `poll_ready` reserved for `call`.
+    pub(crate) ready: Option<crate::waiting::Ready<K, X, St, M, Co, Ex>>,
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
     /// Wrap `inner`, sharing `layer`'s limiters.
     pub fn new(inner: S, layer: SlidingWindowLayer<K, X, St, M, Co, Ex>) -> Self {
-        SlidingWindow { inner, layer }
+        SlidingWindow {
+            inner,
+            layer,
+            ready: None,
+        }
     }
 
     /// The inner service.
@@ -89,6 +97,8 @@ impl<S: Clone, K, X, St, M, Co, Ex> Clone for SlidingWindow<S, K, X, St, M, Co, 
         SlidingWindow {
             inner: self.inner.clone(),
             layer: self.layer.clone(),
+            // A clone starts without a reservation.
+            ready: None,
         }
     }
 }
@@ -103,10 +113,10 @@ impl<S: fmt::Debug, K, X, St, M, Co, Ex> fmt::Debug for SlidingWindow<S, K, X, S
 }
 
 /// Each policy's answer; `None` for a store not asked (yet).
-type Answers = [Option<Result<Decision, StoreError>>; MAX_POLICIES];
+pub(crate) type Answers = [Option<Result<Decision, StoreError>>; MAX_POLICIES];
 
 /// The all-or-nothing outcome over every policy, naming the policy to report.
-enum Verdict {
+pub(crate) enum Verdict {
     Allowed(usize),
     Limited(usize),
     StoreDown(usize),
@@ -115,7 +125,7 @@ enum Verdict {
 /// What to do with the request.
 // Short-lived: the headers move straight into the response future.
 #[allow(clippy::large_enum_variant)]
-enum Action<T, E> {
+pub(crate) enum Action<T, E> {
     Forward(Option<RateLimitHeaders>),
     Reject(Result<T, E>),
 }
@@ -138,8 +148,11 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // Reject mode never holds a request back, so readiness is the inner
-        // service's. (Waiting modes will add their own readiness here.)
+        // Backpressure: ready once a unit is reserved for the next call; other
+        // modes never hold a request back here.
+        if crate::waiting::poll_reserve(self, cx).is_pending() {
+            return Poll::Pending;
+        }
         self.inner.poll_ready(cx).map_err(M::map_error)
     }
 
@@ -165,6 +178,9 @@ where
             },
         };
         let cost = shared.cost.cost(&req);
+        if crate::waiting::waits(shared) {
+            return crate::waiting::call(self, req, key, cost);
+        }
 
         let mut answers: Answers = Default::default();
         let mut waiting = false;
@@ -292,7 +308,7 @@ impl<K, X, St: Store<K>, M, Co, Ex> Drop for UndoOnDrop<'_, K, X, St, M, Co, Ex>
 /// the others counted, and name the policy to report: for a denial the denying
 /// one with the longest wait (a cost no wait helps counts as the longest); for
 /// an admission the one with the lowest remaining share of its limit.
-fn decide<K, X, St: Store<K>, M, Co, Ex>(
+pub(crate) fn decide<K, X, St: Store<K>, M, Co, Ex>(
     shared: &Shared<K, X, St, M, Co, Ex>,
     key: &K,
     answers: &Answers,
@@ -345,7 +361,7 @@ fn decide<K, X, St: Store<K>, M, Co, Ex>(
     verdict
 }
 
-fn act<Req, S, K, X, St, M, Co, Ex>(
+pub(crate) fn act<Req, S, K, X, St, M, Co, Ex>(
     shared: &Shared<K, X, St, M, Co, Ex>,
     req: &Req,
     key: &K,
@@ -394,9 +410,9 @@ where
                     tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit: rejected")
                 }
             }
-            // The seam for waiting modes: a wait would be one more `Action`.
+            // The waiting modes come here when their queue turns a request away.
             match shared.on_limit {
-                OnLimit::Reject => {
+                OnLimit::Reject | OnLimit::Wait { .. } | OnLimit::Backpressure => {
                     Action::Reject(shared.mode.reject(req, Rejection::Limited(report, name)))
                 }
             }

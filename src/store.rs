@@ -5,6 +5,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::limiter::Limiter;
 use crate::policy::Policy;
+use crate::wait::LocalStore;
 use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::hash::Hash;
@@ -37,6 +38,13 @@ pub trait Store<K>: Send + Sync + 'static {
 
     /// The policy this store enforces.
     fn policy(&self) -> &Policy;
+
+    /// The store as one that decides in-process, when it is one (the in-memory
+    /// [`Limiter`]): the tower layer's waiting modes need it.
+    #[doc(hidden)]
+    fn local(&self) -> Option<&dyn LocalStore<K>> {
+        None
+    }
 }
 
 /// A store could not decide: it is down, slow past its timeout, or answered with
@@ -93,5 +101,9 @@ where
 
     fn policy(&self) -> &Policy {
         Limiter::policy(self)
+    }
+
+    fn local(&self) -> Option<&dyn LocalStore<K>> {
+        Some(self)
     }
 }

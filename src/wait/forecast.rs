@@ -1,0 +1,289 @@
+//! The admission forecast: the ring's strict rule replayed into the future, so a
+//! newcomer learns on arrival when its turn will come.
+//!
+//! Starting from each policy's bucket counts, the forecast admits every queued
+//! cost in order, each as early as all policies allow and no earlier than the
+//! one before it (FIFO). Units leave a policy's window when the bucket after its
+//! last counted one begins, exactly as in the ring, so in strict mode, with the
+//! queue as the key's only user, the forecast instant is the admission instant.
+
+use crate::decision::{Decision, Outcome};
+use crate::ring::Geometry;
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// One policy's window for one key, as a check now would see it.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct WindowSnapshot {
+    pub(crate) geometry: Geometry,
+    /// The policy's clock reading (ns).
+    pub(crate) now: u64,
+    /// The slot a check now runs at, and the units at each age `0..=N` from it.
+    pub(crate) slot: u64,
+    pub(crate) counts: Vec<u64>,
+}
+
+/// One policy's forecast window, in its own clock's nanoseconds.
+struct Window {
+    g: Geometry,
+    /// The policy clock's reading at the forecast's base instant.
+    base: u64,
+    /// Slot and clock time of the latest forecast admission.
+    slot: u64,
+    at: u64,
+    /// Non-empty buckets still in the window at `slot`, oldest first: (slot, units).
+    buckets: VecDeque<(u64, u64)>,
+    used: u64,
+}
+
+impl Window {
+    fn new(s: WindowSnapshot) -> Window {
+        let buckets: VecDeque<(u64, u64)> = s
+            .counts
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|&(_, &c)| c > 0)
+            .map(|(age, &c)| (s.slot - (age as u64).min(s.slot), c))
+            .collect();
+        Window {
+            g: s.geometry,
+            base: s.now,
+            slot: s.slot,
+            at: s.now,
+            used: buckets.iter().map(|b| b.1).sum(),
+            buckets,
+        }
+    }
+
+    /// The earliest (slot, clock ns) at which `cost` more units fit, no earlier
+    /// than `now` and than the latest admission. Nothing is changed.
+    fn next(&self, cost: u32, now: u64) -> (u64, u64) {
+        let (n, limit) = (self.g.buckets(), self.g.limit() as u64);
+        let now_slot = self.g.slot(now);
+        let (mut slot, mut at) = if now_slot > self.slot {
+            (now_slot, now)
+        } else {
+            (self.slot, self.at.max(now))
+        };
+        let mut used = self.used;
+        let mut live = self.buckets.iter();
+        let mut oldest = live.next();
+        loop {
+            while let Some(&(x, c)) = oldest {
+                if x + n >= slot {
+                    break;
+                }
+                used -= c;
+                oldest = live.next();
+            }
+            match oldest {
+                Some(&(x, _)) if used + cost as u64 > limit => {
+                    // Wait for the oldest bucket to leave the window.
+                    slot = x + n + 1;
+                    at = slot.saturating_mul(self.g.width());
+                }
+                _ => return (slot, at),
+            }
+        }
+    }
+
+    /// Record `cost` units admitted at (slot, at).
+    fn commit(&mut self, cost: u32, (slot, at): (u64, u64)) {
+        let n = self.g.buckets();
+        while let Some(&(x, c)) = self.buckets.front() {
+            if x + n >= slot {
+                break;
+            }
+            self.used -= c;
+            self.buckets.pop_front();
+        }
+        match self.buckets.back_mut() {
+            Some((x, c)) if *x == slot => *c += cost as u64,
+            _ => self.buckets.push_back((slot, cost as u64)),
+        }
+        self.used += cost as u64;
+        self.slot = slot;
+        self.at = at;
+    }
+
+    /// A denial of `cost` to report, as of clock time `now`, telling `wait`.
+    fn denial(&self, cost: u32, now: u64, wait: Duration) -> Decision {
+        let (n, w, limit) = (self.g.buckets(), self.g.width(), self.g.limit());
+        let slot = self.g.slot(now).max(self.slot);
+        let live = self.buckets.iter().filter(|(x, _)| x + n >= slot);
+        let used: u64 = live.clone().map(|b| b.1).sum();
+        let remaining = (limit as u64).saturating_sub(used) as u32;
+        let reset = live
+            .map(|(x, _)| (x + n + 1).saturating_mul(w).saturating_sub(now))
+            .max()
+            .map_or(Duration::ZERO, Duration::from_nanos);
+        if cost > limit {
+            return Decision::cost_exceeds_limit(limit, remaining, reset);
+        }
+        Decision::from_parts(
+            Outcome::Denied,
+            limit,
+            remaining,
+            wait.max(Duration::from_nanos(1)),
+            reset,
+        )
+    }
+}
+
+/// A forecast admission: when (nanoseconds after the forecast's base instant),
+/// which policy held it back longest, and the slots it lands in (fingerprinted).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Next {
+    offset: u64,
+    pub(crate) binding: usize,
+    pub(crate) fingerprint: u64,
+}
+
+/// The forecast of one key's queue over all its policies.
+pub(crate) struct Forecast {
+    base: Instant,
+    windows: Vec<Window>,
+}
+
+impl Forecast {
+    pub(crate) fn new(snapshots: Vec<WindowSnapshot>, base: Instant) -> Forecast {
+        Forecast {
+            base,
+            windows: snapshots.into_iter().map(Window::new).collect(),
+        }
+    }
+
+    fn offset(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
+    /// The policy whose limit `cost` exceeds, if any.
+    pub(crate) fn too_costly(&self, cost: u32) -> Option<usize> {
+        self.windows.iter().position(|w| cost > w.g.limit())
+    }
+
+    /// When `cost` more units would be admitted by every policy at once, no
+    /// earlier than `now` and than the latest admission. `cost` must fit every
+    /// limit (see [`Forecast::too_costly`]).
+    pub(crate) fn next(&self, cost: u32, now: Instant) -> Next {
+        let mut t = self.offset(now);
+        let mut binding = 0;
+        // Fitting is monotone in time (units only leave), so raising `t` to the
+        // latest policy's answer until all agree reaches the earliest joint time.
+        loop {
+            let mut latest = t;
+            for (i, w) in self.windows.iter().enumerate() {
+                let at = w.next(cost, w.base + t).1 - w.base;
+                if at > latest {
+                    latest = at;
+                    binding = i;
+                }
+            }
+            if latest == t {
+                break;
+            }
+            t = latest;
+        }
+        let fingerprint = fingerprint(
+            self.windows
+                .iter()
+                .map(|w| w.g.slot(w.base + t).max(w.slot)),
+        );
+        Next {
+            offset: t,
+            binding,
+            fingerprint,
+        }
+    }
+
+    /// Record `cost` admitted at `next`.
+    pub(crate) fn commit(&mut self, cost: u32, next: Next) {
+        for w in &mut self.windows {
+            let at = w.base + next.offset;
+            w.commit(cost, (w.g.slot(at).max(w.slot), at));
+        }
+    }
+
+    /// The instant of `next`.
+    pub(crate) fn instant(&self, next: Next) -> Instant {
+        self.base + Duration::from_nanos(next.offset)
+    }
+
+    /// The denial to report for `cost` from policy `policy`, telling `wait`.
+    pub(crate) fn denial(
+        &self,
+        policy: usize,
+        cost: u32,
+        now: Instant,
+        wait: Duration,
+    ) -> Decision {
+        match self.windows.get(policy).or(self.windows.last()) {
+            Some(w) => w.denial(cost, w.base + self.offset(now), wait),
+            None => Decision::from_parts(Outcome::Denied, 0, 0, wait, Duration::ZERO),
+        }
+    }
+}
+
+/// Fingerprint of the slots an admission is recorded in, one per policy: the
+/// forecast and the real admission are compared through it.
+pub(crate) fn fingerprint(slots: impl Iterator<Item = u64>) -> u64 {
+    slots.fold(0x243F_6A88_85A3_08D3, |h, s| {
+        (h ^ s).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29)
+    })
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+
+    fn empty(limit: u32, window_ms: u64, buckets: u32) -> WindowSnapshot {
+        let policy = Policy::builder()
+            .limit(limit)
+            .window(Duration::from_millis(window_ms))
+            .buckets(buckets)
+            .build()
+            .unwrap();
+        WindowSnapshot {
+            geometry: Geometry::new(&policy),
+            now: 0,
+            slot: 0,
+            counts: vec![0; buckets as usize + 1],
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn several_policies_admit_when_all_of_them_allow() {
+        let base = Instant::now();
+        // 2 per 300 ms and 3 per 1.5 s, both in 100 ms buckets.
+        let mut f = Forecast::new(vec![empty(2, 300, 3), empty(3, 1500, 15)], base);
+        let mut admitted = Vec::new();
+        for _ in 0..7 {
+            let next = f.next(1, base);
+            f.commit(1, next);
+            admitted.push((f.instant(next) - base).as_millis());
+        }
+        // Two at once (the short policy is full), the third when the short window
+        // frees (400 ms), then the long policy binds until 1.6 s.
+        assert_eq!(admitted, [0, 0, 400, 1600, 1600, 2000, 3200]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn counted_units_leave_a_bucket_after_the_window() {
+        let base = Instant::now();
+        let mut s = empty(3, 300, 3);
+        s.now = 250_000_000; // slot 2
+        s.slot = 2;
+        s.counts = vec![1, 1, 1, 0]; // slots 2, 1, 0
+        let f = Forecast::new(vec![s], base);
+        let next = f.next(2, base);
+        // Slot 0 leaves at slot 4 (400 ms), slot 1 at 500 ms: 2 units fit then.
+        assert_eq!(f.instant(next) - base, Duration::from_millis(250));
+        let d = f.denial(0, 2, base, Duration::from_millis(250));
+        assert_eq!((d.remaining(), d.reset()), (0, Duration::from_millis(350)));
+        assert_eq!(f.too_costly(4), Some(0));
+    }
+}

@@ -1,0 +1,317 @@
+//! Keyed waiting and global backpressure on tokio's paused clock.
+//!
+//! Policies use 100 ms buckets (1.5 s / 15 or 300 ms / 3) so that every bucket
+//! boundary falls on a whole millisecond, where tokio's timers fire exactly.
+
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::{advance, sleep_until, Instant};
+use tower_sliding_window::{
+    Backpressure, Limiter, Policy, WaitConfig, WaitQueues, WaitRejectReason,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn queues<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
+    limit: u32,
+    max_wait: Duration,
+    max_queue: usize,
+) -> Arc<WaitQueues<K>> {
+    let policy = Policy::per(limit, Duration::from_millis(1500)).unwrap();
+    let limiter = Arc::new(Limiter::new(policy).unwrap());
+    Arc::new(WaitQueues::new(
+        limiter,
+        WaitConfig::bounded(max_wait, max_queue).unwrap(),
+    ))
+}
+
+type Log = Arc<Mutex<Vec<(usize, Instant)>>>;
+
+/// Queue `n` requests of cost 1 for `key` now, each in its own task, logging
+/// (arrival index, admission instant).
+fn spawn_waiters(q: &Arc<WaitQueues<u32>>, key: u32, n: usize, log: &Log) -> Vec<Instant> {
+    let mut expected = Vec::new();
+    for i in 0..n {
+        let waiter = q.acquire(key, 1);
+        expected.push(waiter.expected_admission().unwrap_or_else(Instant::now));
+        let log = log.clone();
+        tokio::spawn(async move {
+            waiter.await.unwrap();
+            log.lock().unwrap().push((i, Instant::now()));
+        });
+    }
+    expected
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_admitted_at_the_allowed_instants_in_arrival_order() {
+    let start = Instant::now();
+    let q = queues(3, Duration::from_secs(60), 100);
+    let log: Log = Default::default();
+    let expected = spawn_waiters(&q, 7, 10, &log);
+    sleep_until(start + Duration::from_secs(10)).await;
+
+    // 3 per 1.5 s in 100 ms buckets: units counted in bucket k leave the window
+    // when bucket k + 16 begins, so batches of 3 pass every 1.6 s.
+    let at = |t: u64| start + ms(t);
+    let want = [0, 0, 0, 1600, 1600, 1600, 3200, 3200, 3200, 4800].map(at);
+    let log = log.lock().unwrap().clone();
+    let order: Vec<usize> = log.iter().map(|e| e.0).collect();
+    let instants: Vec<Instant> = log.iter().map(|e| e.1).collect();
+    assert_eq!(order, (0..10).collect::<Vec<_>>(), "arrival order");
+    assert_eq!(instants, want, "admission instants");
+    assert_eq!(expected, want, "the forecast is exact");
+
+    let stats = q.stats();
+    assert_eq!(stats.admitted_at_once, 3);
+    assert_eq!(stats.admitted_after_wait, 7);
+    // One timer per batch: 3 for 7 waiters, none reset, no queue left behind.
+    assert_eq!((stats.timers_created, stats.timers_reset), (3, 0));
+    assert_eq!(stats.keys_waiting, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_whose_wait_would_exceed_the_bound_is_rejected_at_once() {
+    let start = Instant::now();
+    let q = queues::<u32>(2, Duration::from_millis(1600), 100);
+    let now = q.acquire(1, 2).await.unwrap();
+    assert!(now.is_allowed());
+    // Exactly the bound: accepted.
+    let third = q.acquire(1, 1);
+    let fourth = q.acquire(1, 1);
+    assert_eq!(third.expected_admission(), Some(start + ms(1600)));
+    assert_eq!(fourth.expected_admission(), Some(start + ms(1600)));
+    // Its turn would come at 3.2 s: rejected now, saying when.
+    let fifth = q.acquire(1, 1);
+    assert!(!fifth.is_waiting());
+    let rejected = fifth.await.unwrap_err();
+    assert_eq!(rejected.reason, WaitRejectReason::WaitTooLong);
+    assert_eq!(rejected.decision.retry_after(), Some(ms(3200)));
+    assert!(!rejected.decision.is_allowed());
+    assert_eq!(Instant::now(), start, "no time passed");
+
+    // A cost above the limit can never pass.
+    let huge = q.acquire(1, 3).await.unwrap_err();
+    assert_eq!(huge.reason, WaitRejectReason::CostExceedsLimit);
+
+    // The waiters within the bound are admitted on time.
+    let (a, b) = tokio::join!(third, fourth);
+    assert!(a.unwrap().is_allowed() && b.unwrap().is_allowed());
+    assert_eq!(Instant::now(), start + ms(1600));
+    assert_eq!(q.stats().rejected_wait_too_long, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_finds_the_queue_full_is_rejected_at_once() {
+    let q = queues::<&str>(1, Duration::from_secs(60), 2);
+    q.acquire("k", 1).await.unwrap();
+    let w1 = q.acquire("k", 1);
+    let w2 = q.acquire("k", 1);
+    assert!(w1.is_waiting() && w2.is_waiting());
+    let full = q.acquire("k", 1).await.unwrap_err();
+    assert_eq!(full.reason, WaitRejectReason::QueueFull);
+    // retry_after tells when its turn would have come (behind w1 and w2).
+    assert_eq!(full.decision.retry_after(), Some(ms(4800)));
+    // Another key is unaffected.
+    assert!(q.acquire("other", 1).await.unwrap().is_allowed());
+    assert_eq!(q.stats().rejected_queue_full, 1);
+    drop((w1, w2));
+    assert_eq!(q.stats().keys_waiting, 0, "cancelled queue is freed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_head_lets_the_next_waiter_in_earlier() {
+    let start = Instant::now();
+    let q = queues::<u32>(2, Duration::from_secs(60), 100);
+    q.acquire(1, 2).await.unwrap();
+    let big = q.acquire(1, 2); // 1.6 s, taking both units
+    let small = q.acquire(1, 1); // behind it: 3.2 s
+    assert_eq!(small.expected_admission(), Some(start + ms(3200)));
+    let small = tokio::spawn(async move {
+        small.await.unwrap();
+        Instant::now()
+    });
+    let big = tokio::spawn(big);
+    advance(ms(500)).await;
+    big.abort(); // a client gone, a timeout above: the head is dropped
+    assert!(big.await.unwrap_err().is_cancelled());
+    assert_eq!(small.await.unwrap(), start + ms(1600));
+    let stats = q.stats();
+    assert_eq!((stats.cancelled, stats.keys_waiting), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_admitted_waiter_dropped_before_its_turn_is_used_gives_its_unit_back() {
+    let start = Instant::now();
+    let q = queues::<u32>(2, Duration::from_secs(60), 100);
+    let limiter = q.limiter().clone();
+    q.acquire(1, 2).await.unwrap();
+    let a = q.acquire(1, 1);
+    let b = q.acquire(1, 1); // admitted with `a` at 1.6 s, but never polled
+    let c = q.acquire(1, 1); // 3.2 s
+    assert_eq!(c.expected_admission(), Some(start + ms(3200)));
+    let a = tokio::spawn(a);
+    let c = tokio::spawn(async move {
+        c.await.unwrap();
+        Instant::now()
+    });
+    sleep_until(start + ms(1601)).await;
+    assert!(a.await.unwrap().unwrap().is_allowed());
+    assert_eq!(limiter.usage(&1).used, 2, "a and b admitted");
+    drop(b);
+    assert_eq!(
+        c.await.unwrap(),
+        start + ms(1601),
+        "c takes b's unit at once"
+    );
+    assert_eq!(limiter.usage(&1).used, 2);
+    assert_eq!(q.stats().undone, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_keys_waiting_at_once_do_not_interfere() {
+    let start = Instant::now();
+    let q = queues(2, Duration::from_secs(60), 100);
+    let logs: Vec<Log> = (0..50).map(|_| Log::default()).collect();
+    for (key, log) in logs.iter().enumerate() {
+        spawn_waiters(&q, key as u32, 5, log);
+    }
+    sleep_until(start + Duration::from_secs(10)).await;
+    let want: Vec<(usize, Instant)> = [0, 0, 1600, 1600, 3200]
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (i, start + ms(t)))
+        .collect();
+    for log in &logs {
+        assert_eq!(*log.lock().unwrap(), want);
+    }
+    let stats = q.stats();
+    assert_eq!(stats.timers_created, 50 * 2);
+    assert_eq!(stats.keys_waiting, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_dropped_unused_gives_the_unit_back() {
+    let policy = Policy::per(1, Duration::from_millis(1500)).unwrap();
+    let limiter = Arc::new(Limiter::new(policy).unwrap());
+    let mut ready = Backpressure::new(limiter.clone());
+    poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
+    assert!(ready.is_reserved());
+    assert_eq!(limiter.usage(&()).used, 1);
+
+    // A clone starts without a reservation, and the window is full.
+    let mut clone = ready.clone();
+    assert!(!clone.is_reserved());
+    let pending = poll_fn(|cx| std::task::Poll::Ready(clone.poll_reserve(cx).is_pending())).await;
+    assert!(pending);
+
+    drop(ready);
+    assert_eq!(limiter.usage(&()).used, 0, "the unused unit is back");
+    // The clone (the head, woken by the freed unit) gets it without waiting.
+    let start = Instant::now();
+    poll_fn(|cx| clone.poll_reserve(cx)).await.unwrap();
+    assert_eq!(Instant::now(), start);
+    assert!(clone.take().unwrap().is_allowed());
+    assert!(clone.take().is_none(), "a reservation is spent once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_clone_waiting_on_a_global_limit_is_served_in_turn() {
+    let start = Instant::now();
+    let policy = Policy::per(2, Duration::from_millis(1500)).unwrap();
+    let limiter = Arc::new(Limiter::new(policy).unwrap());
+    let service = Backpressure::new(limiter);
+    let log: Log = Default::default();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let mut ready = service.clone();
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..2 {
+                poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
+                assert!(ready.take().is_some());
+                log.lock().unwrap().push((i, Instant::now()));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), 12, "every waiter progressed");
+    // Two per 1.6 s, never more.
+    for (n, (_, at)) in log.iter().enumerate() {
+        assert_eq!(*at, start + ms((n as u64 / 2) * 1600));
+    }
+    // Every task had both its turns.
+    for i in 0..6 {
+        assert_eq!(log.iter().filter(|e| e.0 == i).count(), 2);
+    }
+    let stats = service.queue().stats();
+    assert!(stats.timers_created <= stats.admitted_after_wait);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_kept_past_its_bucket_is_renewed_before_use() {
+    let policy = Policy::per(2, Duration::from_millis(1500)).unwrap();
+    let limiter = Arc::new(Limiter::new(policy).unwrap());
+    let mut ready = Backpressure::new(limiter.clone());
+    poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
+    advance(ms(250)).await;
+    let unit = ready.take().unwrap();
+    assert_eq!(
+        unit.recorded_slot(),
+        2,
+        "counted again in the bucket it is spent in"
+    );
+    assert_eq!(limiter.usage(&()).used, 1, "the old unit was given back");
+}
+
+/// Real threads and a running clock: no deadlock, nobody stranded, and the
+/// admitted units never exceed the limit in any N + 1 buckets (the ring's span).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_waiters_on_real_threads_stay_within_the_limit() {
+    let policy = Policy::builder()
+        .limit(10)
+        .window(Duration::from_millis(100))
+        .buckets(10)
+        .build()
+        .unwrap();
+    let limiter = Arc::new(Limiter::new(policy).unwrap());
+    let q = Arc::new(WaitQueues::new(
+        limiter,
+        WaitConfig::bounded(Duration::from_secs(5), 1000).unwrap(),
+    ));
+    let slots = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for t in 0..4u64 {
+        let (q, slots) = (q.clone(), slots.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..15u64 {
+                // Some waiters give up early: cancellation races with admission.
+                let waiter = q.acquire(0u8, 1 + (i % 2) as u32);
+                let patience = Duration::from_millis(if (t + i) % 7 == 0 { 5 } else { 5_000 });
+                if let Ok(Ok(d)) = tokio::time::timeout(patience, waiter).await {
+                    slots.lock().unwrap().push((d.recorded_slot(), d.cost()));
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let slots = slots.lock().unwrap().clone();
+    assert!(slots.len() > 30);
+    for &(x, _) in &slots {
+        let span: u32 = slots
+            .iter()
+            .filter(|(y, _)| *y <= x && y + 10 >= x)
+            .map(|(_, c)| c)
+            .sum();
+        assert!(span <= 10, "{span} units in the span ending at slot {x}");
+    }
+    assert_eq!(q.stats().keys_waiting, 0);
+}

@@ -1,0 +1,409 @@
+//! The layer's waiting modes on tokio's paused clock: `OnLimit::Wait` (keyed, in
+//! the response future) and `OnLimit::Backpressure` (global, in `poll_ready`).
+//! Policies use 100 ms buckets so every bucket boundary is a whole millisecond.
+
+use http::{Request, Response, StatusCode};
+use std::convert::Infallible;
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+use tokio::time::Instant;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_sliding_window::{ConfigError, GlobalKey, OnLimit, Policy, SlidingWindowLayer};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn per(limit: u32, window_ms: u64) -> Policy {
+    Policy::per(limit, ms(window_ms)).unwrap()
+}
+
+fn named(name: &str, limit: u32, window_ms: u64) -> Policy {
+    Policy::builder()
+        .name(name)
+        .limit(limit)
+        .window(ms(window_ms))
+        .build()
+        .unwrap()
+}
+
+type Served = Arc<Mutex<Vec<(String, Instant)>>>;
+
+/// An inner service that logs (key header, instant) of each request it serves.
+fn inner(
+    served: &Served,
+) -> impl Service<Request<()>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    let served = served.clone();
+    service_fn(move |req: Request<()>| {
+        let key = req
+            .headers()
+            .get("x-key")
+            .map_or("", |v| v.to_str().unwrap())
+            .to_owned();
+        served.lock().unwrap().push((key, Instant::now()));
+        async { Ok::<_, Infallible>(Response::new(String::new())) }
+    })
+}
+
+fn request(key: &str) -> Request<()> {
+    Request::builder().header("x-key", key).body(()).unwrap()
+}
+
+fn by_key(req: &Request<()>) -> Option<String> {
+    req.headers()
+        .get("x-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_requests_are_served_in_turn_and_a_too_long_wait_is_rejected_at_once() {
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(2, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(2000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+
+    let mut calls = Vec::new();
+    for _ in 0..5 {
+        // `call` joins the queue: arrival order is call order.
+        let mut svc = svc.clone();
+        let response = svc.ready().await.unwrap().call(request("a"));
+        calls.push(tokio::spawn(async move {
+            let response = response.await.unwrap();
+            (response.status(), Instant::now(), response)
+        }));
+    }
+    let other = svc.clone().oneshot(request("b")).await.unwrap();
+    assert_eq!(
+        other.status(),
+        StatusCode::OK,
+        "another key is not held back"
+    );
+
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.unwrap());
+    }
+    let statuses: Vec<StatusCode> = results.iter().map(|r| r.0).collect();
+    assert_eq!(statuses[..4], [StatusCode::OK; 4]);
+    // Its turn would come at 3.2 s, past max_wait: 429 at once, saying when.
+    let (status, at, rejected) = &results[4];
+    assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(*at, start);
+    assert_eq!(rejected.headers()["retry-after"], "4");
+
+    let served = served.lock().unwrap().clone();
+    let a: Vec<Instant> = served.iter().filter(|s| s.0 == "a").map(|s| s.1).collect();
+    assert_eq!(a, [0, 0, 1600, 1600].map(|t| start + ms(t)));
+    let stats = layer.wait_stats();
+    assert_eq!(
+        (stats.admitted_after_wait, stats.rejected_wait_too_long),
+        (2, 1)
+    );
+    assert_eq!(stats.timers_created, 1);
+    assert_eq!(stats.keys_waiting, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_waiting_lets_the_next_one_in_earlier() {
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+    svc.clone().oneshot(request("a")).await.unwrap();
+    // Queued at 1.6 s and 3.2 s.
+    let first = tokio::spawn(svc.clone().oneshot(request("a")));
+    tokio::task::yield_now().await;
+    let second = tokio::spawn(svc.clone().oneshot(request("a")));
+    tokio::task::yield_now().await;
+    tokio::time::advance(ms(100)).await;
+    first.abort(); // the client went away
+    assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(served.lock().unwrap()[1].1, start + ms(1600));
+    assert_eq!(layer.wait_stats().cancelled, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_policies_admit_a_waiter_when_all_of_them_allow() {
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(named("burst", 2, 300))
+        .policy(named("steady", 3, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(60_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+    let calls: Vec<_> = (0..7)
+        .map(|_| {
+            let mut svc = svc.clone();
+            svc.call(request("k"))
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().status(), StatusCode::OK);
+    }
+    let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
+    // "burst" (20 ms buckets) frees its units after 320 ms, "steady" (100 ms
+    // buckets) after 1.6 s: each request passes when both allow it.
+    assert_eq!(
+        at,
+        [0, 0, 320, 1600, 1600, 1920, 3200].map(|t| start + ms(t))
+    );
+    for limiter in layer.stores() {
+        assert!(limiter.usage(&"k".to_owned()).used <= limiter.policy().limit());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_clone_of_a_backpressured_service_makes_progress() {
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(2, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let mut svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..2 {
+                let response = svc
+                    .ready()
+                    .await
+                    .unwrap()
+                    .call(request(&i.to_string()))
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let served = served.lock().unwrap().clone();
+    assert_eq!(served.len(), 12, "every waiter progressed");
+    for (n, (_, at)) in served.iter().enumerate() {
+        assert_eq!(*at, start + ms(n as u64 / 2 * 1600), "two per 1.6 s");
+    }
+    for i in 0..6 {
+        let key = i.to_string();
+        assert_eq!(served.iter().filter(|s| s.0 == key).count(), 2);
+    }
+    let stats = layer.wait_stats();
+    assert!(stats.timers_created <= stats.admitted_after_wait);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_not_used_by_call_is_given_back() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+    let limiter = layer.stores().next().unwrap();
+
+    let mut ready = svc.clone();
+    ready.ready().await.unwrap();
+    assert_eq!(limiter.usage(&()).used, 1, "poll_ready reserved the unit");
+
+    // A clone of a ready service starts without a reservation: the window is full.
+    let mut clone = ready.clone();
+    let pending = poll_fn(|cx| Poll::Ready(clone.poll_ready(cx).is_pending())).await;
+    assert!(pending);
+
+    drop(ready); // never called
+    assert_eq!(limiter.usage(&()).used, 0, "the unit is back");
+    // The waiting clone takes it at once.
+    let start = Instant::now();
+    let response = clone
+        .ready()
+        .await
+        .unwrap()
+        .call(request("x"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(Instant::now(), start);
+    assert_eq!(limiter.usage(&()).used, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn call_without_poll_ready_waits_its_turn_instead_of_panicking() {
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let mut svc = ServiceBuilder::new().layer(layer).service(inner(&served));
+    let a = svc.call(request("1"));
+    let b = svc.call(request("2"));
+    assert_eq!(a.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(b.await.unwrap().status(), StatusCode::OK);
+    let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
+    assert_eq!(at, [start, start + ms(1600)]);
+}
+
+#[test]
+fn waiting_modes_are_checked_when_the_layer_is_built() {
+    let keyed = SlidingWindowLayer::<String, _>::builder(by_key)
+        .policy(per(1, 1000))
+        .on_limit(OnLimit::Backpressure)
+        .build();
+    match keyed {
+        Err(ConfigError::Invalid(msg)) => assert!(msg.contains("GlobalKey"), "{msg}"),
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+    let no_queue = SlidingWindowLayer::<String, _>::builder(by_key)
+        .policy(per(1, 1000))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(100),
+            max_queue: 0,
+        })
+        .build();
+    assert!(matches!(no_queue, Err(ConfigError::Invalid(_))));
+}
+
+/// A store that answers through a future only, like a remote one.
+struct RemoteStore(tower_sliding_window::Limiter<String>);
+
+impl tower_sliding_window::Store<String> for RemoteStore {
+    type Future = std::future::Ready<
+        Result<tower_sliding_window::Decision, tower_sliding_window::StoreError>,
+    >;
+
+    fn check_n(&self, key: &String, cost: u32) -> Self::Future {
+        std::future::ready(Ok(self.0.check_n(key, cost)))
+    }
+
+    fn undo(&self, key: &String, decision: &tower_sliding_window::Decision) {
+        self.0.undo(key, decision)
+    }
+
+    fn policy(&self) -> &Policy {
+        self.0.policy()
+    }
+}
+
+#[test]
+fn waiting_needs_in_memory_limiters() {
+    let store = RemoteStore(tower_sliding_window::Limiter::new(per(1, 1000)).unwrap());
+    let remote = SlidingWindowLayer::<String, _>::builder(by_key)
+        .store(store)
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(100),
+            max_queue: 4,
+        })
+        .build();
+    match remote {
+        Err(ConfigError::Invalid(msg)) => assert!(msg.contains("in-memory"), "{msg}"),
+        other => panic!(
+            "expected a configuration error, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_never_holds_a_request_back() {
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+    let start = Instant::now();
+    for _ in 0..3 {
+        let response = svc.clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(Instant::now(), start, "nothing waited");
+    assert_eq!(layer.stats().dry_run_rejections, 2);
+    assert_eq!(layer.wait_stats().admitted_after_wait, 0);
+}
+
+/// In an axum app, where every request reaches the layer through a fresh clone
+/// (`oneshot`), backpressure still serves every request in turn.
+#[tokio::test(start_paused = true)]
+async fn an_axum_app_with_backpressure_serves_every_request_in_turn() {
+    use axum::{body::Body, routing::get, Router};
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(2, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let log = served.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let log = log.clone();
+                async move {
+                    log.lock().unwrap().push((String::new(), Instant::now()));
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer);
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            tokio::spawn(
+                app.clone()
+                    .oneshot(Request::get("/").body(Body::empty()).unwrap()),
+            )
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
+    assert_eq!(at, [0, 0, 1600, 1600, 3200].map(|t| start + ms(t)));
+}
