@@ -4,7 +4,8 @@
 //!
 //! Time is cut into slots of width `w = ceil(window / N)`; slot `s = now / w`.
 //! `cells[0]` holds `newest`, the newest slot any consuming check has entered
-//! (64 bits; bit 63 is set while an idle ring is being reset). `cells[1..]` are
+//! (64 bits; bit 63 is set while an idle ring is being reset; bit 62 is the
+//! SATURATED hint, see below). `cells[1..]` are
 //! `N + 1` buckets; the bucket at position `p` only ever holds slots `x ≡ p
 //! (mod N+1)`, packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
 //!
@@ -52,6 +53,11 @@ use crate::sync::{order_add_before_scan, spin, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 const RESETTING: u64 = 1 << 63;
+/// A hint in `newest`: a strict check was denied in this slot. Checks then sum
+/// first, read-only, and deny without writing when their cost cannot fit (what the
+/// full protocol would decide, with the same numbers), so a flood of denials does
+/// not write the ring's cache lines. Cleared when `newest` advances.
+const SATURATED: u64 = 1 << 62;
 /// Attempts before a check gives up and denies (the safe side). Only reached under
 /// pathological contention or when a resetting thread is descheduled mid-reset.
 const MAX_ATTEMPTS: u32 = 64;
@@ -196,16 +202,24 @@ impl Ring {
     pub(crate) fn acquire(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
         let clock_slot = g.slot(now);
         for _ in 0..MAX_ATTEMPTS {
-            let Some(s) = self.enter(g, clock_slot) else {
+            let Some((s, saturated)) = self.enter(g, clock_slot) else {
                 continue;
             };
+            let strict = g.precision == Precision::Strict && cost > 0;
+            if saturated && strict {
+                if let Some(used) = self.sum(g, s) {
+                    if used + cost as u64 > g.limit as u64 && !self.reset_since(g, s) {
+                        return self.denied_strict(g, s, now, cost, used);
+                    }
+                }
+            }
             match self.add(g, s, cost) {
                 Add::Added => {}
                 Add::Newer => continue,
                 Add::Overflow => return self.denied(g, s, now, cost),
             }
             order_add_before_scan();
-            if g.precision == Precision::Strict && cost > 0 {
+            if strict {
                 if let Some(used) = self.sum(g, s) {
                     if self.reset_since(g, s) {
                         self.take_back(g, s, cost);
@@ -215,6 +229,9 @@ impl Ring {
                         return admitted_strict(g, used, s, now, cost);
                     }
                     self.take_back(g, s, cost);
+                    if !saturated {
+                        self.cells[0].fetch_or(SATURATED, SeqCst);
+                    }
                     return self.denied_strict(g, s, now, cost, used - cost as u64);
                 }
             }
@@ -244,6 +261,7 @@ impl Ring {
                 spin();
                 continue;
             }
+            let newest = newest & !SATURATED;
             let s = clock_slot.max(newest);
             if s - newest > g.n {
                 return allowed(g, &Scan::default(), s, now).after_cost(cost, g);
@@ -265,30 +283,33 @@ impl Ring {
     /// this ring (the map's write lock guarantees that during eviction).
     pub(crate) fn is_idle(&self, g: &Geometry, now: u64) -> bool {
         let newest = self.cells[0].load(SeqCst);
-        newest & RESETTING == 0 && g.slot(now).saturating_sub(newest) > g.n
+        newest & RESETTING == 0 && g.slot(now).saturating_sub(newest & !SATURATED) > g.n
     }
 
-    /// Step 1: the slot this attempt runs at, published in `newest`; `None` to retry.
-    fn enter(&self, g: &Geometry, clock_slot: u64) -> Option<u64> {
-        let newest = self.cells[0].load(SeqCst);
-        if newest & RESETTING != 0 {
+    /// Step 1: the slot this attempt runs at, published in `newest`, and whether
+    /// the SATURATED hint is set for it; `None` to retry.
+    fn enter(&self, g: &Geometry, clock_slot: u64) -> Option<(u64, bool)> {
+        let raw = self.cells[0].load(SeqCst);
+        if raw & RESETTING != 0 {
             spin();
             return None;
         }
+        let newest = raw & !SATURATED;
         if clock_slot <= newest {
-            return Some(newest);
+            return Some((newest, raw & SATURATED != 0));
         }
         let s = clock_slot;
         if s - newest <= g.n {
+            // Advancing clears the hint: units may have expired.
             return self.cells[0]
-                .compare_exchange(newest, s, SeqCst, SeqCst)
+                .compare_exchange(raw, s, SeqCst, SeqCst)
                 .ok()
-                .map(|_| s);
+                .map(|_| (s, false));
         }
         // Idle for more than a window: every bucket is stale. Reset them all so no
         // tag older than a window is ever read again (32-bit tags wrap).
         self.cells[0]
-            .compare_exchange(newest, s | RESETTING, SeqCst, SeqCst)
+            .compare_exchange(raw, s | RESETTING, SeqCst, SeqCst)
             .ok()?;
         // Swaps, not stores: every write to a cell is then a read-modify-write, so
         // all writes to it are totally ordered also in loom, which orders a plain
@@ -297,7 +318,7 @@ impl Ring {
             self.cells[1 + p as usize].swap(pack(g.stale_tag(s, p), 0), SeqCst);
         }
         self.cells[0].swap(s, SeqCst);
-        Some(s)
+        Some((s, false))
     }
 
     /// Step 2: add `cost` to slot `s`'s bucket.
@@ -369,7 +390,7 @@ impl Ring {
     /// Step 4: whether a reset may have started since this check entered at `s`.
     fn reset_since(&self, g: &Geometry, s: u64) -> bool {
         let newest = self.cells[0].load(SeqCst);
-        newest & RESETTING != 0 || newest > s + g.n
+        newest & RESETTING != 0 || newest & !SATURATED > s + g.n
     }
 
     /// Give back the units of an admitted decision (a cancelled or undone check).
@@ -397,7 +418,7 @@ impl Ring {
     /// `0..=N` relative to it (index = age). A plain read, nothing counted: the
     /// wait queue forecasts admission times from it.
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
-        let newest = self.cells[0].load(SeqCst) & !RESETTING;
+        let newest = self.cells[0].load(SeqCst) & !(RESETTING | SATURATED);
         let s = g.slot(now).max(newest);
         if s - newest > g.n {
             return (s, vec![0; g.len as usize]);
@@ -733,6 +754,29 @@ mod tests {
         assert_eq!(ring.peek(&g, 5000 * MS, 0).remaining(), 1);
         ring.undo(&g, &late);
         assert_eq!(ring.peek(&g, 5000 * MS, 0).remaining(), 2);
+    }
+
+    #[test]
+    fn denials_in_a_saturated_slot_write_nothing_and_undo_still_frees_room() {
+        let g = geometry(2, 1000, 10, Precision::Strict);
+        let ring = Ring::new(&g, 0);
+        let first = ring.acquire(&g, 0, 1);
+        assert!(ring.acquire(&g, 0, 1).is_allowed());
+        let denied = ring.acquire(&g, 0, 1);
+        assert_eq!(denied.outcome(), Outcome::Denied);
+        assert_ne!(ring.cells[0].load(SeqCst) & SATURATED, 0);
+        let cells: Vec<u64> = ring.cells.iter().map(|c| c.load(SeqCst)).collect();
+        // The same denial again, now from the read-only path: identical, no writes.
+        assert_eq!(ring.acquire(&g, 0, 1), denied);
+        let after: Vec<u64> = ring.cells.iter().map(|c| c.load(SeqCst)).collect();
+        assert_eq!(cells, after);
+        // An undo inside the slot frees a unit even though the hint is still set.
+        ring.undo(&g, &first);
+        assert!(ring.acquire(&g, 0, 1).is_allowed());
+        // A newer slot clears the hint (here one where slot 0 has left the span, so
+        // the check passes and does not set it again).
+        assert!(ring.acquire(&g, 1150 * MS, 1).is_allowed());
+        assert_eq!(ring.cells[0].load(SeqCst) & SATURATED, 0);
     }
 
     #[test]
