@@ -442,7 +442,7 @@ impl Ring {
         let target = (g.limit as u64).saturating_sub(cost as u64);
         let w = g.width as u128;
         // One pass over the ring, no division per age and no allocation for rings
-        // of up to 64 buckets: a flood of denials takes this path.
+        // of up to 64 buckets.
         let mut small = [0u64; 64];
         let mut large = Vec::new();
         let counts: &mut [u64] = if g.len as usize <= small.len() {
@@ -496,14 +496,7 @@ impl Ring {
     /// (usually one or two buckets), and from the youngest until one holds units.
     fn denied_strict(&self, g: &Geometry, s: u64, now: u64, cost: u32, used: u64) -> Decision {
         let need = used.saturating_sub((g.limit - cost) as u64);
-        let count_at = |a: u64| {
-            let cell = self.bucket(g, s.wrapping_sub(a)).load(SeqCst);
-            if age(s, cell) == a as i64 {
-                count(cell) as u64
-            } else {
-                0
-            }
-        };
+        let count_at = |a: u64| self.count_at_age(g, s, a);
         // Units of age N leave the span first, when slot s + 1 begins.
         let mut freed = 0;
         let mut fits_at = s + g.len;
