@@ -2,55 +2,12 @@
 //! interest globally, so a test running beside it on another thread without a
 //! subscriber could make these events invisible to a thread-local one.
 
-type Body = String;
-use http::{Request, Response, StatusCode};
-use std::convert::Infallible;
+mod layer_support;
+use layer_support::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_sliding_window::{Policy, SlidingWindowLayer};
-
-fn policy(name: &str, limit: u32, window: Duration) -> Policy {
-    Policy::builder()
-        .name(name)
-        .limit(limit)
-        .window(window)
-        .build()
-        .unwrap()
-}
-
-fn ok_service(
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
-{
-    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_owned())) })
-}
-
-fn request(user: &str) -> Request<Body> {
-    Request::builder()
-        .header("x-user", user)
-        .body(String::new())
-        .unwrap()
-}
-
-fn user(req: &Request<Body>) -> Option<String> {
-    req.headers()
-        .get("x-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
-async fn status<S>(svc: &mut S, req: Request<Body>) -> (StatusCode, Option<String>)
-where
-    S: Service<Request<Body>, Response = Response<Body>>,
-    S::Error: std::fmt::Debug,
-{
-    let response = svc.ready().await.unwrap().call(req).await.unwrap();
-    let rate = response
-        .headers()
-        .get("ratelimit")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (response.status(), rate)
-}
+use tower::Layer;
+use tower_sliding_window::SlidingWindowLayer;
 
 /// A writer that keeps what tracing writes, to check what gets logged.
 #[derive(Clone, Default)]

@@ -1,62 +1,20 @@
 //! Layer behaviour in-process, on tokio's paused clock: several policies,
 //! cost, exemption, dry run, error mode, remote stores (key logging: tests/logging.rs).
 
-use http::{Request, Response, StatusCode};
-use std::convert::Infallible;
+use http::{Request, StatusCode};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_sliding_window::{
     Decision, GlobalKey, KeyMissing, Limiter, MissingKey, Policy, RateLimited, SlidingWindowLayer,
     Store, StoreError,
 };
 
-fn policy(name: &str, limit: u32, window: Duration) -> Policy {
-    Policy::builder()
-        .name(name)
-        .limit(limit)
-        .window(window)
-        .build()
-        .unwrap()
-}
-
-type Body = String;
-
-fn ok_service(
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
-{
-    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_owned())) })
-}
-
-fn request(user: &str) -> Request<Body> {
-    Request::builder()
-        .header("x-user", user)
-        .body(String::new())
-        .unwrap()
-}
-
-fn user(req: &Request<Body>) -> Option<String> {
-    req.headers()
-        .get("x-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
-async fn status<S>(svc: &mut S, req: Request<Body>) -> (StatusCode, Option<String>)
-where
-    S: Service<Request<Body>, Response = Response<Body>>,
-    S::Error: std::fmt::Debug,
-{
-    let response = svc.ready().await.unwrap().call(req).await.unwrap();
-    let rate = response
-        .headers()
-        .get("ratelimit")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (response.status(), rate)
-}
+mod layer_support;
+use layer_support::*;
 
 #[tokio::test(start_paused = true)]
 async fn a_request_denied_by_one_policy_consumes_nothing_from_the_others() {
