@@ -3,7 +3,8 @@
 //! Round trips per decision are counted by Redis itself (`INFO commandstats`,
 //! EVALSHA calls before and after each row).
 //!
-//! Runs against a private `redis-server` on an ephemeral port when the binary is
+//! Runs against a private `redis-server` (or `$REDIS_SERVER_BIN`, e.g.
+//! `valkey-server`) on an ephemeral port when the binary is
 //! installed (so no other client's commands pollute the counts), else against
 //! `REDIS_URL` (default redis://127.0.0.1:6379); skips with a notice when neither
 //! answers.
@@ -110,6 +111,12 @@ async fn connect(url: &str) -> Option<MultiplexedConnection> {
         .flatten()
 }
 
+/// The server binary to start: `redis-server`, or `$REDIS_SERVER_BIN`
+/// (`REDIS_SERVER_BIN=valkey-server` measures Valkey).
+fn server_binary() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into())
+}
+
 /// A private redis-server, or `None` when the binary is missing.
 async fn private_server() -> Option<(Server, String)> {
     let port = TcpListener::bind("127.0.0.1:0")
@@ -117,7 +124,7 @@ async fn private_server() -> Option<(Server, String)> {
         .local_addr()
         .ok()?
         .port();
-    let child = Command::new("redis-server")
+    let child = Command::new(server_binary())
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
@@ -384,9 +391,9 @@ async fn run() {
         return;
     };
     let where_ = if _server.is_some() {
-        "a private redis-server"
+        format!("a private {}", server_binary())
     } else {
-        url.as_str()
+        url.clone()
     };
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());

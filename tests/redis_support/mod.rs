@@ -81,8 +81,9 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-/// A private `redis-server` on an ephemeral loopback port, never the shared one:
-/// fault tests kill, pause and flush it. Killed on drop.
+/// A private `redis-server` (or `$REDIS_SERVER_BIN`, e.g. `valkey-server`) on an
+/// ephemeral loopback port, never the shared one: fault tests kill, pause and
+/// flush it. Killed on drop.
 pub struct RedisServer {
     pub port: u16,
     extra_args: Vec<String>,
@@ -116,7 +117,9 @@ impl RedisServer {
     }
 
     async fn spawn(&mut self) -> Result<(), String> {
-        let child = Command::new("redis-server")
+        // `REDIS_SERVER_BIN=valkey-server` runs the fault tests on Valkey.
+        let binary = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(binary)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(&self.extra_args)
