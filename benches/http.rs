@@ -8,16 +8,25 @@
 //! ```sh
 //! cargo bench --bench http        # 3 s per arm, 32 connections, median of 3 rounds
 //! HTTP_BENCH_SECS=5 HTTP_BENCH_CONNS=64 HTTP_BENCH_ROUNDS=5 cargo bench --bench http
+//! HTTP_BENCH_ARMS=rejected cargo bench --bench http   # baseline + matching arms
 //! ```
 
-use axum::{routing::get, Router};
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use axum::{routing::get, Router, ServiceExt};
+use governor::middleware::NoOpMiddleware;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tower::{Layer, Service};
 use tower_governor::{
     governor::GovernorConfigBuilder, key_extractor::GlobalKeyExtractor, GovernorLayer,
 };
@@ -43,13 +52,17 @@ impl Outcome {
     }
 }
 
-async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+async fn serve<S>(app: S) -> (SocketAddr, tokio::task::JoinHandle<()>)
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app),
         )
         .await
         .unwrap();
@@ -57,7 +70,11 @@ async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
-async fn load(label: &'static str, app: Router, conns: usize, duration: Duration) -> Outcome {
+async fn load<S>(label: &'static str, app: S, conns: usize, duration: Duration) -> Outcome
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
     let (addr, server) = serve(app).await;
     let uri: hyper::Uri = format!("http://{addr}/").parse().unwrap();
     let started = Instant::now();
@@ -114,32 +131,27 @@ fn app() -> Router {
     Router::new().route("/", get(hello))
 }
 
-fn governor_app(burst: u32) -> Router {
+fn governor(burst: u32) -> GovernorLayer<GlobalKeyExtractor, NoOpMiddleware, Body> {
     let config = GovernorConfigBuilder::default()
         .per_second(3600)
         .burst_size(burst)
         .key_extractor(GlobalKeyExtractor)
         .finish()
         .unwrap();
-    app().layer(GovernorLayer::new(Arc::new(config)))
+    GovernorLayer::new(Arc::new(config))
 }
 
-fn sliding_app(limit: u32) -> Router {
+fn sliding(limit: u32, headers_on_allowed: bool) -> SlidingWindowLayer<(), GlobalKey> {
     let policy = Policy::per(limit, Duration::from_secs(3600)).unwrap();
-    app().layer(SlidingWindowLayer::new(policy, GlobalKey).unwrap())
-}
-
-/// The same, without rate-limit headers on allowed responses (they cost the
-/// server two header values and the in-process client two more to parse).
-fn sliding_app_quiet(limit: u32) -> Router {
-    let policy = Policy::per(limit, Duration::from_secs(3600)).unwrap();
-    let layer = SlidingWindowLayer::builder(GlobalKey)
+    SlidingWindowLayer::builder(GlobalKey)
         .policy(policy)
-        .headers_on_allowed(false)
+        .headers_on_allowed(headers_on_allowed)
         .build()
-        .unwrap();
-    app().layer(layer)
+        .unwrap()
 }
+
+type Run = Pin<Box<dyn Future<Output = Outcome>>>;
+type Arm = (&'static str, fn(&'static str, usize, Duration) -> Run);
 
 fn main() {
     let secs: u64 = std::env::var("HTTP_BENCH_SECS")
@@ -159,17 +171,55 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    type MakeApp = fn() -> Router;
-    let arms: [(&'static str, MakeApp); 6] = [
-        ("no limiter", app),
-        ("sliding-window, all allowed", || sliding_app(u32::MAX)),
-        ("sliding-window, all allowed, no headers on 200s", || {
-            sliding_app_quiet(u32::MAX)
+    // "routed": `Router::layer`, the limiter runs after routing, around the handler.
+    // "outer": the limiter wraps the whole router, so a rejection skips routing.
+    let arms: [Arm; 11] = [
+        ("no limiter", |l, c, d| Box::pin(load(l, app(), c, d))),
+        ("sliding-window, routed, all allowed", |l, c, d| {
+            Box::pin(load(l, app().layer(sliding(u32::MAX, false)), c, d))
         }),
-        ("sliding-window, ~all rejected", || sliding_app(10)),
-        ("tower_governor, all allowed", || governor_app(u32::MAX)),
-        ("tower_governor, ~all rejected", || governor_app(10)),
+        (
+            "sliding-window, routed, all allowed, headers on 200s",
+            |l, c, d| Box::pin(load(l, app().layer(sliding(u32::MAX, true)), c, d)),
+        ),
+        ("sliding-window, routed, ~all rejected", |l, c, d| {
+            Box::pin(load(l, app().layer(sliding(10, false)), c, d))
+        }),
+        ("tower_governor, routed, all allowed", |l, c, d| {
+            Box::pin(load(l, app().layer(governor(u32::MAX)), c, d))
+        }),
+        ("tower_governor, routed, ~all rejected", |l, c, d| {
+            Box::pin(load(l, app().layer(governor(10)), c, d))
+        }),
+        ("sliding-window, outer, all allowed", |l, c, d| {
+            Box::pin(load(l, sliding(u32::MAX, false).layer(app()), c, d))
+        }),
+        ("sliding-window, outer, ~all rejected", |l, c, d| {
+            Box::pin(load(l, sliding(10, false).layer(app()), c, d))
+        }),
+        ("tower_governor, outer, all allowed", |l, c, d| {
+            Box::pin(load(l, governor(u32::MAX).layer(app()), c, d))
+        }),
+        ("tower_governor, outer, ~all rejected", |l, c, d| {
+            Box::pin(load(l, governor(10).layer(app()), c, d))
+        }),
+        ("no limiter (again)", |l, c, d| {
+            Box::pin(load(l, app(), c, d))
+        }),
     ];
+    // `HTTP_BENCH_ARMS=rejected,governor` keeps the arms whose label contains one of
+    // the words (for profiling one path); the no-limiter baseline always runs.
+    let only: Vec<String> = std::env::var("HTTP_BENCH_ARMS")
+        .map(|s| s.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    let arms: Vec<_> = arms
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (label, _))| {
+            *i == 0 || only.is_empty() || only.iter().any(|w| label.contains(w.as_str()))
+        })
+        .map(|(_, arm)| arm)
+        .collect();
     rt.block_on(async {
         // Warm up sockets and allocator.
         load("warm-up", app(), conns, Duration::from_millis(500)).await;
@@ -177,8 +227,8 @@ fn main() {
         // each arm reports its median round.
         let mut runs: Vec<Vec<Outcome>> = arms.iter().map(|_| Vec::new()).collect();
         for _ in 0..rounds {
-            for (i, (label, make)) in arms.iter().enumerate() {
-                runs[i].push(load(label, make(), conns, duration).await);
+            for (i, (label, run)) in arms.iter().enumerate() {
+                runs[i].push(run(label, conns, duration).await);
             }
         }
         let medians: Vec<Outcome> = runs
