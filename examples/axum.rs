@@ -38,6 +38,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     // Requests without an API key are not this layer's business.
     .missing_key(tower_sliding_window::MissingKey::Allow)
+    // API clients get their remaining budget on every response.
+    .headers_on_allowed(true)
     .build()?;
     let by_ip = SlidingWindowLayer::builder(move |req: &Request<Body>| {
         if api_key.extract(req).is_some() {

@@ -20,6 +20,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let layer = SlidingWindowLayer::builder(HeaderKey::named("x-api-key")?)
         .policy(policy)
         .legacy_headers(true)
+        // Show the count going down on 200s too (429s always carry the fields).
+        .headers_on_allowed(true)
         .build()?;
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))

@@ -23,7 +23,10 @@ async fn hello(_req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let layer = SlidingWindowLayer::new(Policy::per(3, Duration::from_secs(5))?, PeerIp::new())?;
+    let layer = SlidingWindowLayer::builder(PeerIp::new())
+        .policy(Policy::per(3, Duration::from_secs(5))?)
+        .headers_on_allowed(true)
+        .build()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
 

@@ -44,6 +44,7 @@ async fn start_instance(
         .map_err(|e| format!("{name}: {e} (is Redis running at {redis_url}?)"))?;
     let layer = SlidingWindowLayer::builder(HeaderKey::named("x-api-key")?)
         .store(store)
+        .headers_on_allowed(true)
         .build()?;
     let app = Router::new()
         .route(

@@ -23,7 +23,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .limit(3)
         .window(Duration::from_secs(10))
         .build()?;
-    let layer = SlidingWindowLayer::new(policy, by_method)?;
+    let layer = SlidingWindowLayer::builder(by_method)
+        .policy(policy)
+        .headers_on_allowed(true) // as metadata on OK responses too
+        .build()?;
     tokio::spawn(
         Server::builder()
             .layer(layer)

@@ -26,7 +26,8 @@ pub(crate) const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
 /// gRPC status code UNAVAILABLE, for a store that is down.
 const GRPC_UNAVAILABLE: u8 = 14;
 
-/// Which headers a layer in HTTP mode writes. All on except the legacy ones.
+/// Which headers a layer in HTTP mode writes: on rejections, all but the legacy
+/// ones; on allowed responses, none unless asked.
 #[derive(Debug, Clone)]
 pub(crate) struct HeaderOptions {
     pub(crate) status: StatusCode,
@@ -47,7 +48,7 @@ impl Default for HeaderOptions {
             ietf: true,
             retry_after: true,
             legacy: false,
-            on_allowed: true,
+            on_allowed: false,
         }
     }
 }

@@ -116,8 +116,11 @@ fn field(name: &str, params: &[(&str, i64)]) -> Field {
 
 #[tokio::test]
 async fn over_the_limit_gets_429_with_valid_rate_limit_headers() {
-    let layer =
-        SlidingWindowLayer::new(policy("api", 3, Duration::from_secs(60)), GlobalKey).unwrap();
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("api", 3, Duration::from_secs(60)))
+        .headers_on_allowed(true)
+        .build()
+        .unwrap();
     let addr = serve(
         Router::new()
             .route("/", get(|| async { "hello" }))
@@ -152,6 +155,28 @@ async fn over_the_limit_gets_429_with_valid_rate_limit_headers() {
         header(&limited, "x-ratelimit-limit").is_none(),
         "legacy headers are opt-in"
     );
+}
+
+#[tokio::test]
+async fn allowed_responses_carry_no_rate_limit_headers_by_default() {
+    let layer =
+        SlidingWindowLayer::new(policy("api", 1, Duration::from_secs(60)), GlobalKey).unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(layer),
+    )
+    .await;
+    let ok = send(addr, &[]).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    for name in ["ratelimit", "ratelimit-policy", "retry-after"] {
+        assert!(header(&ok, name).is_none(), "{name} on an allowed response");
+    }
+    let limited = send(addr, &[]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    for name in ["ratelimit", "ratelimit-policy", "retry-after"] {
+        assert!(header(&limited, name).is_some(), "{name} missing on a 429");
+    }
 }
 
 #[tokio::test]
@@ -191,8 +216,11 @@ async fn futures_join(addr: SocketAddr, n: usize) -> Vec<StatusCode> {
 
 #[tokio::test]
 async fn keys_are_limited_independently() {
-    let layer =
-        SlidingWindowLayer::new(policy("per-key", 2, Duration::from_secs(60)), api_key).unwrap();
+    let layer = SlidingWindowLayer::builder(api_key)
+        .policy(policy("per-key", 2, Duration::from_secs(60)))
+        .headers_on_allowed(true)
+        .build()
+        .unwrap();
     let addr = serve(
         Router::new()
             .route("/", get(|| async { "hi" }))

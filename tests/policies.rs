@@ -21,6 +21,7 @@ async fn a_request_denied_by_one_policy_consumes_nothing_from_the_others() {
     let layer = SlidingWindowLayer::builder(user)
         .policy(policy("burst", 1, Duration::from_secs(1)))
         .policy(policy("minute", 3, Duration::from_secs(60)))
+        .headers_on_allowed(true)
         .build()
         .unwrap();
     let minute = layer.clone();
@@ -87,6 +88,7 @@ async fn sub_second_waits_round_up_to_one_second() {
 async fn cost_exemption_and_cost_above_the_limit() {
     let layer = SlidingWindowLayer::builder(user)
         .policy(policy("units", 10, Duration::from_secs(60)))
+        .headers_on_allowed(true)
         .cost(|req: &Request<Body>| {
             req.headers()
                 .get("x-cost")
@@ -134,6 +136,7 @@ async fn dry_run_decides_and_counts_but_never_blocks() {
     let layer = SlidingWindowLayer::builder(GlobalKey)
         .policy(policy("trial", 2, Duration::from_secs(60)))
         .dry_run(true)
+        .headers_on_allowed(true)
         .build()
         .unwrap();
     let stats = layer.clone();

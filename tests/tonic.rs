@@ -24,7 +24,11 @@ async fn serve(layer_limit: u32) -> SocketAddr {
         .window(Duration::from_secs(60))
         .build()
         .unwrap();
-    let layer = SlidingWindowLayer::new(policy, by_method).unwrap();
+    let layer = SlidingWindowLayer::builder(by_method)
+        .policy(policy)
+        .headers_on_allowed(true)
+        .build()
+        .unwrap();
     tokio::spawn(async move {
         Server::builder()
             .layer(layer)
