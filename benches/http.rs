@@ -6,9 +6,9 @@
 //! every request rejected; tower_governor with the same two settings.
 //!
 //! ```sh
-//! cargo bench --bench http        # 3 s per arm, 32 connections, median of 3 rounds
+//! cargo bench --bench http        # 2 s per arm, 32 connections, 7 rounds
 //! HTTP_BENCH_SECS=5 HTTP_BENCH_CONNS=64 HTTP_BENCH_ROUNDS=5 cargo bench --bench http
-//! HTTP_BENCH_ARMS=rejected cargo bench --bench http   # baseline + matching arms
+//! HTTP_BENCH_ARMS='routed, ~all;again' cargo bench --bench http  # baseline + matching arms
 //! ```
 
 use axum::body::Body;
@@ -157,7 +157,7 @@ fn main() {
     let secs: u64 = std::env::var("HTTP_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(2);
     let conns: usize = std::env::var("HTTP_BENCH_CONNS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -170,7 +170,7 @@ fn main() {
     let rounds: usize = std::env::var("HTTP_BENCH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(7);
     // "routed": `Router::layer`, the limiter runs after routing, around the handler.
     // "outer": the limiter wraps the whole router, so a rejection skips routing.
     let arms: [Arm; 11] = [
@@ -207,10 +207,10 @@ fn main() {
             Box::pin(load(l, app(), c, d))
         }),
     ];
-    // `HTTP_BENCH_ARMS=rejected,governor` keeps the arms whose label contains one of
+    // `HTTP_BENCH_ARMS='rejected;governor'` keeps the arms whose label contains one of
     // the words (for profiling one path); the no-limiter baseline always runs.
     let only: Vec<String> = std::env::var("HTTP_BENCH_ARMS")
-        .map(|s| s.split(',').map(str::to_owned).collect())
+        .map(|s| s.split(';').map(str::to_owned).collect())
         .unwrap_or_default();
     let arms: Vec<_> = arms
         .into_iter()
@@ -223,33 +223,45 @@ fn main() {
     rt.block_on(async {
         // Warm up sockets and allocator.
         load("warm-up", app(), conns, Duration::from_millis(500)).await;
-        // Arms interleaved round by round, so drift in the machine's load hits all alike;
-        // each arm reports its median round.
+        // Arms interleaved round by round, in an order rotated each round, so drift
+        // in the machine's load and position in the round hit all arms alike. Each
+        // arm's ratio is taken to the baseline of the same round, then the median
+        // over rounds is reported: paired ratios cancel most of the drift.
         let mut runs: Vec<Vec<Outcome>> = arms.iter().map(|_| Vec::new()).collect();
-        for _ in 0..rounds {
-            for (i, (label, run)) in arms.iter().enumerate() {
+        for round in 0..rounds {
+            for k in 0..arms.len() {
+                let i = (k + round) % arms.len();
+                let (label, run) = arms[i];
                 runs[i].push(run(label, conns, duration).await);
             }
         }
-        let medians: Vec<Outcome> = runs
-            .into_iter()
-            .map(|mut r| {
-                r.sort_by(|a, b| a.rps().total_cmp(&b.rps()));
-                r.swap_remove(r.len() / 2)
-            })
-            .collect();
-        let base = medians[0].rps();
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
         println!(
-            "\n{conns} connections, {secs} s per arm, median of {rounds} interleaved rounds, loopback, server and load in one process\n"
+            "\n{conns} connections, {secs} s per arm, {rounds} interleaved rounds, loopback, server and load in one process"
         );
-        println!("| arm | requests/s | vs no limiter | p50 | p99 | 2xx | 429 |");
-        println!("|---|---:|---:|---:|---:|---:|---:|");
-        for o in &medians {
+        println!("ratio: median over rounds of (arm / no limiter in the same round), with the lowest and highest round\n");
+        println!("| arm | requests/s | vs no limiter | rounds' range | p50 | p99 | 2xx | 429 |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &runs {
+            let ratios: Vec<f64> = r.iter().zip(&runs[0]).map(|(o, b)| o.rps() / b.rps()).collect();
+            let (lo, hi) = ratios
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            let rps = median(r.iter().map(Outcome::rps).collect());
+            let o = r
+                .iter()
+                .min_by(|a, b| (a.rps() - rps).abs().total_cmp(&(b.rps() - rps).abs()))
+                .expect("at least one round");
             println!(
-                "| {} | {:.0} | {:.2}× | {:.0?} | {:.0?} | {} | {} |",
+                "| {} | {:.0} | {:.3}× | {:.2}–{:.2} | {:.0?} | {:.0?} | {} | {} |",
                 o.label,
-                o.rps(),
-                o.rps() / base,
+                rps,
+                median(ratios),
+                lo,
+                hi,
                 o.p50,
                 o.p99,
                 o.ok,
