@@ -58,7 +58,7 @@ pub struct SlidingWindow<
     pub(crate) inner: S,
     pub(crate) layer: SlidingWindowLayer<K, X, St, M, Co, Ex>,
     /// `OnLimit::Backpressure`: the unit `poll_ready` reserved for `call`.
-    pub(crate) ready: Option<crate::waiting::Ready<K, X, St, M, Co, Ex>>,
+    pub(crate) ready: Option<crate::waiting::BoxedReady<K, X, St, M, Co, Ex>>,
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {

@@ -33,6 +33,9 @@ pub(crate) type LayerQueues<K> = Queues<K, Admitted>;
 
 /// The reservation a backpressured service holds between `poll_ready` and `call`.
 pub(crate) type Ready<K, X, St, M, Co, Ex> = Reservation<K, Shared<K, X, St, M, Co, Ex>, Admitted>;
+/// Boxed in the service: axum clones a routed service for every request, and
+/// inline a reservation would be most of the service's size in every mode.
+pub(crate) type BoxedReady<K, X, St, M, Co, Ex> = Box<Ready<K, X, St, M, Co, Ex>>;
 
 /// The queues for `on_limit`, and the global key when there is one; checks that
 /// a waiting mode can work with these stores and this key type.
@@ -190,7 +193,7 @@ where
     };
     let ready = svc
         .ready
-        .get_or_insert_with(|| Reservation::new(Arc::clone(shared), key.clone()));
+        .get_or_insert_with(|| Box::new(Reservation::new(Arc::clone(shared), key.clone())));
     // The queue is unbounded and a unit never exceeds a limit: no rejection.
     ready.poll_reserve(cx).map(|_| ())
 }
