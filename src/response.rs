@@ -145,11 +145,20 @@ impl RateLimitHeaders {
     /// Write the headers, replacing none that are already there (a custom
     /// rejection response or the inner service may have set its own).
     pub(crate) fn write_to(self, map: &mut HeaderMap) {
-        let mut put = |name: &HeaderName, value: HeaderValue| {
+        if map.is_empty() {
+            // Nothing to keep (our own rejection): skip the vacancy checks.
+            return self.write_into(|name, value| {
+                map.append(name, value);
+            });
+        }
+        self.write_into(|name, value| {
             if let http::header::Entry::Vacant(slot) = map.entry(name) {
                 slot.insert(value);
             }
-        };
+        });
+    }
+
+    fn write_into(self, mut put: impl FnMut(&'static HeaderName, HeaderValue)) {
         if let Some(v) = self.policy {
             put(&RATELIMIT_POLICY, v);
         }
