@@ -3,12 +3,14 @@
 //!
 //! Arms, all in one run so the ratios are fair on a noisy machine:
 //! no limiter; this crate with every request allowed; this crate with nearly
-//! every request rejected; tower_governor with the same two settings.
+//! every request rejected; tower_governor with the same two settings; each
+//! limiter both routed (`Router::layer`) and in front of the router. Every arm
+//! runs beside its own no-limiter run, and each ratio is to that neighbour.
 //!
 //! ```sh
-//! cargo bench --bench http        # 2 s per arm, 32 connections, 7 rounds
-//! HTTP_BENCH_SECS=5 HTTP_BENCH_CONNS=64 HTTP_BENCH_ROUNDS=5 cargo bench --bench http
-//! HTTP_BENCH_ARMS='routed, ~all;again' cargo bench --bench http  # baseline + matching arms
+//! cargo bench --bench http        # 15 rounds, 0.5 s per run, 32 connections (~3 min)
+//! HTTP_BENCH_MS=1000 HTTP_BENCH_CONNS=64 HTTP_BENCH_ROUNDS=30 cargo bench --bench http
+//! HTTP_BENCH_ARMS='routed, ~all;again' cargo bench --bench http  # only the matching arms
 //! ```
 
 use axum::body::Body;
@@ -153,24 +155,24 @@ fn sliding(limit: u32, headers_on_allowed: bool) -> SlidingWindowLayer<(), Globa
 type Run = Pin<Box<dyn Future<Output = Outcome>>>;
 type Arm = (&'static str, fn(&'static str, usize, Duration) -> Run);
 
+/// A setting from the environment, or its default.
+fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 fn main() {
-    let secs: u64 = std::env::var("HTTP_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
-    let conns: usize = std::env::var("HTTP_BENCH_CONNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(32);
-    let duration = Duration::from_secs(secs);
+    let conns: usize = setting("HTTP_BENCH_CONNS", 32);
+    // Short arms: a pair (arm, baseline) runs within about a second, faster than
+    // the machine's speed drifts, so the pair's ratio cancels the drift.
+    let duration = Duration::from_millis(setting("HTTP_BENCH_MS", 500));
+    let rounds: usize = setting("HTTP_BENCH_ROUNDS", 15);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    let rounds: usize = std::env::var("HTTP_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
     // "routed": `Router::layer`, the limiter runs after routing, around the handler.
     // "outer": the limiter wraps the whole router, so a rejection skips routing.
     let arms: [Arm; 11] = [
@@ -223,16 +225,28 @@ fn main() {
     rt.block_on(async {
         // Warm up sockets and allocator.
         load("warm-up", app(), conns, Duration::from_millis(500)).await;
-        // Arms interleaved round by round, in an order rotated each round, so drift
-        // in the machine's load and position in the round hit all arms alike. Each
-        // arm's ratio is taken to the baseline of the same round, then the median
-        // over rounds is reported: paired ratios cancel most of the drift.
+        // Every arm runs right beside its own no-limiter run (before it in even
+        // rounds, after it in odd ones), arms in an order rotated each round. Each
+        // ratio is taken to that neighbouring baseline and the median over rounds
+        // is reported: short, adjacent pairs cancel the machine's drift in speed.
+        let (base_label, base_run) = arms[0];
         let mut runs: Vec<Vec<Outcome>> = arms.iter().map(|_| Vec::new()).collect();
+        let mut ratios: Vec<Vec<f64>> = arms.iter().map(|_| Vec::new()).collect();
         for round in 0..rounds {
-            for k in 0..arms.len() {
-                let i = (k + round) % arms.len();
+            for k in 0..arms.len() - 1 {
+                let i = 1 + (k + round) % (arms.len() - 1);
                 let (label, run) = arms[i];
-                runs[i].push(run(label, conns, duration).await);
+                let (base, arm) = if round % 2 == 0 {
+                    let base = base_run(base_label, conns, duration).await;
+                    (base, run(label, conns, duration).await)
+                } else {
+                    let arm = run(label, conns, duration).await;
+                    (base_run(base_label, conns, duration).await, arm)
+                };
+                ratios[i].push(arm.rps() / base.rps());
+                ratios[0].push(1.0);
+                runs[0].push(base);
+                runs[i].push(arm);
             }
         }
         let median = |mut v: Vec<f64>| {
@@ -240,13 +254,12 @@ fn main() {
             v[v.len() / 2]
         };
         println!(
-            "\n{conns} connections, {secs} s per arm, {rounds} interleaved rounds, loopback, server and load in one process"
+            "\n{conns} connections, {duration:?} per arm, {rounds} interleaved rounds, loopback, server and load in one process"
         );
-        println!("ratio: median over rounds of (arm / no limiter in the same round), with the lowest and highest round\n");
+        println!("ratio: median over rounds of (arm / the no-limiter run beside it), with the lowest and highest round\n");
         println!("| arm | requests/s | vs no limiter | rounds' range | p50 | p99 | 2xx | 429 |");
         println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-        for r in &runs {
-            let ratios: Vec<f64> = r.iter().zip(&runs[0]).map(|(o, b)| o.rps() / b.rps()).collect();
+        for (r, ratios) in runs.iter().zip(ratios) {
             let (lo, hi) = ratios
                 .iter()
                 .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
