@@ -64,6 +64,8 @@ const MAX_ATTEMPTS: u32 = 64;
 /// A stale bucket this old is rewritten to a fresh stale tag, so that no tag of a
 /// ring in use ever drifts to half the 32-bit range, where ages become ambiguous.
 const NORMALIZE_AGE: i64 = 1 << 30;
+/// Rings of up to this many buckets read their counts into a stack array.
+const SMALL_RING: usize = 64;
 
 /// The policy, reduced to the integers the ring computes with.
 #[derive(Debug, Clone, Copy)]
@@ -436,29 +438,41 @@ impl Ring {
         }
     }
 
+    /// The units at each age `0..=N` relative to slot `s` (index = age), read in
+    /// one pass over the ring: no position arithmetic per age, and no allocation
+    /// for rings of up to [`SMALL_RING`] buckets (`small`; `large` otherwise).
+    fn counts_into<'a>(
+        &self,
+        g: &Geometry,
+        s: u64,
+        small: &'a mut [u64; SMALL_RING],
+        large: &'a mut Vec<u64>,
+    ) -> &'a [u64] {
+        let counts: &mut [u64] = if g.len as usize <= SMALL_RING {
+            &mut small[..g.len as usize]
+        } else {
+            large.resize(g.len as usize, 0);
+            large
+        };
+        for bucket in self.cells[1..].iter() {
+            let cell = bucket.load(SeqCst);
+            // As u32, a newer tag's negative age is >= 2^31: out of range too.
+            let a = (s as u32).wrapping_sub((cell >> 32) as u32) as usize;
+            if let Some(c) = counts.get_mut(a) {
+                *c = count(cell) as u64;
+            }
+        }
+        counts
+    }
+
     /// A denial at slot `s` with the exact time until `cost` fits, computed from the
     /// counts that expire slot by slot.
     fn denied(&self, g: &Geometry, s: u64, now: u64, cost: u32) -> Decision {
         let target = (g.limit as u64).saturating_sub(cost as u64);
         let w = g.width as u128;
-        // One pass over the ring, no division per age and no allocation for rings
-        // of up to 64 buckets.
-        let mut small = [0u64; 64];
+        let mut small = [0u64; SMALL_RING];
         let mut large = Vec::new();
-        let counts: &mut [u64] = if g.len as usize <= small.len() {
-            &mut small[..g.len as usize]
-        } else {
-            large.resize(g.len as usize, 0);
-            &mut large
-        };
-        for bucket in self.cells[1..].iter() {
-            let cell = bucket.load(SeqCst);
-            let a = age(s, cell);
-            if a >= 0 && a as u64 <= g.n {
-                counts[a as usize] = count(cell) as u64;
-            }
-        }
-        let counts = &*counts;
+        let counts = self.counts_into(g, s, &mut small, &mut large);
         let mut used: u64 = counts.iter().sum();
         let scan = self.scan_from_counts(counts, g);
         let mut at: u128 = (s as u128 + g.n as u128 + 1) * w;
@@ -496,18 +510,21 @@ impl Ring {
     /// (usually one or two buckets), and from the youngest until one holds units.
     fn denied_strict(&self, g: &Geometry, s: u64, now: u64, cost: u32, used: u64) -> Decision {
         let need = used.saturating_sub((g.limit - cost) as u64);
-        let count_at = |a: u64| self.count_at_age(g, s, a);
-        // Units of age N leave the span first, when slot s + 1 begins.
+        let mut small = [0u64; SMALL_RING];
+        let mut large = Vec::new();
+        let counts = self.counts_into(g, s, &mut small, &mut large);
+        // Units of age N leave the span first, when slot s + 1 begins; the units of
+        // age N - k when slot s + k + 1 does.
         let mut freed = 0;
         let mut fits_at = s + g.len;
-        for k in 0..=g.n {
-            freed += count_at(g.n - k);
+        for (k, c) in (1..).zip(counts.iter().rev()) {
+            freed += c;
             if freed >= need {
-                fits_at = s + k + 1;
+                fits_at = s + k;
                 break;
             }
         }
-        let youngest = (0..=g.n).find(|&a| count_at(a) > 0);
+        let youngest = counts.iter().position(|&c| c > 0).map(|a| a as u64);
         let until =
             |slot: u64| Duration::from_nanos(slot.saturating_mul(g.width).saturating_sub(now));
         Decision {
