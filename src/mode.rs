@@ -93,7 +93,10 @@ impl<T: sealed::Validate> ModeConfig for T {}
 ///
 /// # Headers
 ///
-/// All values are valid RFC 9651 structured fields.
+/// All values are valid RFC 9651 structured fields. Rejections carry them;
+/// allowed responses carry them only with
+/// [`headers_on_allowed(true)`](crate::SlidingWindowLayerBuilder::headers_on_allowed)
+/// (never `Retry-After`).
 ///
 /// | header | value |
 /// |---|---|
