@@ -173,12 +173,6 @@ pub(crate) struct LayerCounters {
     pub(crate) store_errors: AtomicU64,
 }
 
-impl LayerCounters {
-    pub(crate) fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Relaxed);
-    }
-}
-
 /// One policy as the layer sees it: its store and its precomputed names.
 pub(crate) struct Limit<St> {
     pub(crate) store: St,

@@ -16,12 +16,13 @@ use crate::decision::{Decision, Outcome};
 use crate::extract::KeyExtractor;
 use crate::future::ResponseFuture;
 use crate::layer::{
-    Exemption, LayerCounters, MissingKey, NoExemption, OnLimit, RequestCost, Shared,
-    SlidingWindowLayer, UnitCost, MAX_POLICIES,
+    Exemption, MissingKey, NoExemption, OnLimit, RequestCost, Shared, SlidingWindowLayer, UnitCost,
+    MAX_POLICIES,
 };
 use crate::limiter::Limiter;
 use crate::mode::{HttpRejection, Rejection, RejectionMode};
 use crate::response::{RateLimitHeaders, Report};
+use crate::stats::bump;
 use crate::store::{Store, StoreError};
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -168,7 +169,7 @@ where
                     return ResponseFuture::forwarded(self.inner.call(req), None, M::finish)
                 }
                 MissingKey::Reject => {
-                    LayerCounters::bump(&shared.counters.key_missing);
+                    bump(&shared.counters.key_missing);
                     tracing::debug!("rate limit: request has no key, rejected");
                     return ResponseFuture::rejected(
                         shared.mode.reject(&req, Rejection::KeyMissing),
@@ -391,7 +392,7 @@ where
             let d = &report.decision;
             let retry_ms = d.retry_after().map(|w| w.as_millis() as u64);
             if shared.dry_run {
-                LayerCounters::bump(&shared.counters.dry_run_rejections);
+                bump(&shared.counters.dry_run_rejections);
                 match shared.loggable_key(key) {
                     Some(key) => {
                         tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, %key, "rate limit (dry run): would reject")
@@ -418,7 +419,7 @@ where
             }
         }
         Verdict::StoreDown(i) => {
-            LayerCounters::bump(&shared.counters.store_errors);
+            bump(&shared.counters.store_errors);
             let Some(Err(error)) = &answers[i] else {
                 return Action::Forward(None); // StoreDown always names a failed store
             };

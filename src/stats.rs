@@ -147,3 +147,10 @@ mod tests {
         assert_eq!(rejected, 2 * expected_rejected);
     }
 }
+
+/// Count one event on a counter that is only read for reporting: a relaxed add,
+/// no ordering with anything else.
+#[inline]
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Relaxed);
+}

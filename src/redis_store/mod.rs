@@ -25,6 +25,7 @@ pub use key::RedisKey;
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::policy::{Policy, Precision};
+use crate::stats::bump;
 use crate::store::{Store, StoreError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisError, Script};
@@ -90,10 +91,6 @@ struct Counters {
     timeouts: AtomicU64,
     failed_open: AtomicU64,
     undos: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Relaxed);
 }
 
 /// A sliding-window [`Store`] in Redis, shared by every instance that points at

@@ -13,6 +13,7 @@
 use super::forecast::{Forecast, WindowSnapshot};
 use super::{WaitConfig, WaitRejectReason, WaitStats};
 use crate::decision::Decision;
+use crate::stats::bump;
 use dashmap::DashMap;
 use std::collections::VecDeque;
 use std::future::Future;
@@ -79,10 +80,6 @@ struct Counters {
     undone: AtomicU64,
     timers_created: AtomicU64,
     timers_reset: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Relaxed);
 }
 
 /// The queues of one gate: FIFO per key, bounded by a [`WaitConfig`]. `A` is
