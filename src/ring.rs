@@ -422,25 +422,28 @@ impl Ring {
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
         let newest = self.cells[0].load(SeqCst) & !(RESETTING | SATURATED);
         let s = g.slot(now).max(newest);
-        if s - newest > g.n {
-            return (s, vec![0; g.len as usize]);
+        let mut counts = vec![0; g.len as usize];
+        if s - newest <= g.n {
+            self.read_counts(s, &mut counts);
         }
-        (s, (0..=g.n).map(|a| self.count_at_age(g, s, a)).collect())
-    }
-
-    fn count_at_age(&self, g: &Geometry, s: u64, a: u64) -> u64 {
-        let slot = s.wrapping_sub(a);
-        let cell = self.bucket(g, slot).load(SeqCst);
-        if age(s, cell) == a as i64 {
-            count(cell) as u64
-        } else {
-            0
-        }
+        (s, counts)
     }
 
     /// The units at each age `0..=N` relative to slot `s` (index = age), read in
-    /// one pass over the ring: no position arithmetic per age, and no allocation
-    /// for rings of up to [`SMALL_RING`] buckets (`small`; `large` otherwise).
+    /// one pass over the ring into `counts` (zeroed, one entry per bucket).
+    fn read_counts(&self, s: u64, counts: &mut [u64]) {
+        for bucket in self.cells[1..].iter() {
+            let cell = bucket.load(SeqCst);
+            // As u32, a newer tag's negative age is >= 2^31: out of range too.
+            let a = (s as u32).wrapping_sub((cell >> 32) as u32) as usize;
+            if let Some(c) = counts.get_mut(a) {
+                *c = count(cell) as u64;
+            }
+        }
+    }
+
+    /// [`read_counts`](Self::read_counts) for a denial: no allocation for rings
+    /// of up to [`SMALL_RING`] buckets (`small`; `large` otherwise).
     fn counts_into<'a>(
         &self,
         g: &Geometry,
@@ -454,14 +457,7 @@ impl Ring {
             large.resize(g.len as usize, 0);
             large
         };
-        for bucket in self.cells[1..].iter() {
-            let cell = bucket.load(SeqCst);
-            // As u32, a newer tag's negative age is >= 2^31: out of range too.
-            let a = (s as u32).wrapping_sub((cell >> 32) as u32) as usize;
-            if let Some(c) = counts.get_mut(a) {
-                *c = count(cell) as u64;
-            }
-        }
+        self.read_counts(s, counts);
         counts
     }
 
@@ -1012,16 +1008,15 @@ mod loom_tests {
                 loom::thread::spawn(move || ring.acquire(&g, 35, 1).is_allowed())
             };
             let (a, b) = (a.join().unwrap(), b.join().unwrap());
+            let (s, counts) = ring.counts_by_age(&g, 35);
+            assert_eq!(s, 3);
             assert_eq!(
-                ring.count_at_age(&g, 3, 1),
-                0,
+                counts[1], 0,
                 "a unit recorded at slot 2 beside a full slot 0"
             );
             assert!(b || a, "slot 3 has room: one of them passes");
             // Slots 1..=3 never hold more than the limit.
-            let in_span = (0..=2)
-                .map(|age| ring.count_at_age(&g, 3, age))
-                .sum::<u64>();
+            let in_span = counts[..=2].iter().sum::<u64>();
             assert!(in_span <= 2);
         });
     }
