@@ -14,6 +14,8 @@
 //! - `*_denied`: 1 per hour, so after the first check every check is denied (the
 //!   path a flood of over-limit requests takes).
 
+mod support;
+
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -21,6 +23,7 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
+use support::{Cursor, Keys};
 use tower_sliding_window::{Clock, Limiter, Policy, TokioClock};
 
 /// Keys in the round-robin workloads.
@@ -83,45 +86,6 @@ fn governor(load: Load) -> DefaultKeyedRateLimiter<u64> {
         Load::Denied => Quota::per_hour(NonZeroU32::new(1).unwrap()),
     };
     RateLimiter::keyed(quota)
-}
-
-/// Which keys each thread checks.
-#[derive(Clone, Copy)]
-enum Keys {
-    /// Every thread the same key.
-    One,
-    /// Thread `t` its own key.
-    OwnKey,
-    /// Thread `t` round-robin over its own `n` keys.
-    OwnRange(u64),
-}
-
-/// Thread `t`'s keys, in order (no division on the hot path).
-struct Cursor {
-    base: u64,
-    len: u64,
-    i: u64,
-}
-
-impl Cursor {
-    fn new(keys: Keys, t: u64) -> Cursor {
-        let (base, len) = match keys {
-            Keys::One => (0, 1),
-            Keys::OwnKey => (t + 1, 1),
-            Keys::OwnRange(n) => (t * n, n),
-        };
-        Cursor { base, len, i: 0 }
-    }
-
-    #[inline]
-    fn next_key(&mut self) -> u64 {
-        let key = self.base + self.i;
-        self.i += 1;
-        if self.i == self.len {
-            self.i = 0;
-        }
-        key
-    }
 }
 
 /// Track every key the workload uses before measuring.

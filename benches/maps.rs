@@ -9,6 +9,8 @@
 //!
 //! Run: `cargo bench --bench maps`.
 
+mod support;
+
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use dashmap::DashMap;
@@ -17,6 +19,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
+use support::{Cursor, Keys};
 
 type Hasher = foldhash::fast::RandomState;
 /// A ring's shape: `newest` plus 16 buckets.
@@ -99,40 +102,6 @@ impl Map for papaya::HashMap<u64, Value, Hasher> {
             }
             None => false,
         }
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Keys {
-    One,
-    OwnKey,
-    OwnRange(u64),
-}
-
-struct Cursor {
-    base: u64,
-    len: u64,
-    i: u64,
-}
-
-impl Cursor {
-    fn new(keys: Keys, t: u64) -> Cursor {
-        let (base, len) = match keys {
-            Keys::One => (0, 1),
-            Keys::OwnKey => (t + 1, 1),
-            Keys::OwnRange(n) => (t * n, n),
-        };
-        Cursor { base, len, i: 0 }
-    }
-
-    #[inline]
-    fn next_key(&mut self) -> u64 {
-        let key = self.base + self.i;
-        self.i += 1;
-        if self.i == self.len {
-            self.i = 0;
-        }
-        key
     }
 }
 
