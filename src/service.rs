@@ -212,6 +212,17 @@ where
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
+    /// The inner service `poll_ready` readied, for a response future to call
+    /// later; a fresh clone takes its place (tower's contract: the readied
+    /// instance is the one called).
+    pub(crate) fn take_ready_inner(&mut self) -> S
+    where
+        S: Clone,
+    {
+        let fresh = self.inner.clone();
+        std::mem::replace(&mut self.inner, fresh)
+    }
+
     /// The remote path: await the stores, then forward or reject. The inner
     /// service readied by `poll_ready` moves into the future (a fresh clone
     /// stays behind), so it is called exactly as tower's contract asks.
@@ -233,8 +244,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
         Co: RequestCost<Req>,
         Ex: Exemption<Req>,
     {
-        let fresh = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, fresh);
+        let mut ready = self.take_ready_inner();
         let shared = Arc::clone(&self.layer.shared);
         ResponseFuture::deciding(Box::pin(async move {
             let mut pending: Vec<(usize, Pin<Box<St::Future>>)> = shared

@@ -236,8 +236,7 @@ where
     if let Some(result) = waiter.decided() {
         return respond_now(svc, &shared, req, &key, result);
     }
-    let fresh = svc.inner.clone();
-    let mut ready = std::mem::replace(&mut svc.inner, fresh);
+    let mut ready = svc.take_ready_inner();
     ResponseFuture::deciding(Box::pin(async move {
         let result = waiter.await;
         let headers = match outcome::<S, Req, K, X, St, M, Co, Ex>(&shared, &req, &key, result) {
