@@ -5,6 +5,9 @@
 //! would be counted under.
 #![cfg(feature = "axum")]
 
+mod layer_support;
+
+use layer_support::serve;
 use std::net::SocketAddr;
 
 use axum::{extract::Request, routing::get, Router};
@@ -32,21 +35,6 @@ async fn echo_keys(req: Request) -> String {
     )
 }
 
-async fn serve() -> SocketAddr {
-    let app = Router::new().route("/", get(echo_keys));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
-
 async fn keys_for(addr: SocketAddr, headers: &[(&str, &str)]) -> String {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let mut req = http::Request::get(format!("http://{addr}/"));
@@ -64,7 +52,7 @@ async fn keys_for(addr: SocketAddr, headers: &[(&str, &str)]) -> String {
 
 #[tokio::test]
 async fn spoofed_forwarded_for_does_not_change_the_key() {
-    let addr = serve().await;
+    let addr = serve(Router::new().route("/", get(echo_keys))).await;
 
     let plain = keys_for(addr, &[]).await;
     assert_eq!(
@@ -105,7 +93,7 @@ async fn spoofed_forwarded_for_does_not_change_the_key() {
 
 #[tokio::test]
 async fn ipv6_clients_are_grouped_by_64_and_headers_keyed() {
-    let addr = serve().await;
+    let addr = serve(Router::new().route("/", get(echo_keys))).await;
     for client in ["2001:db8:1:2::1", "[2001:db8:1:2:ffff::9]:4711"] {
         let got = keys_for(
             addr,

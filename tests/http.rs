@@ -2,6 +2,8 @@
 //! 127.0.0.1, a hyper client that opens a fresh connection per request, and
 //! header values parsed back as RFC 9651 structured fields.
 
+mod layer_support;
+
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
@@ -10,44 +12,20 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use layer_support::{policy, serve};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 #[cfg(feature = "axum")]
 use tower_sliding_window::PeerIp;
-use tower_sliding_window::{GlobalKey, MissingKey, Policy, RateLimited, SlidingWindowLayer};
-
-fn policy(name: &str, limit: u32, window: Duration) -> Policy {
-    Policy::builder()
-        .name(name)
-        .limit(limit)
-        .window(window)
-        .build()
-        .unwrap()
-}
+use tower_sliding_window::{GlobalKey, MissingKey, RateLimited, SlidingWindowLayer};
 
 fn api_key(req: &Request<Body>) -> Option<String> {
     req.headers()
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
-}
-
-/// Serve `app` on an ephemeral 127.0.0.1 port with `axum::serve`, which calls
-/// `Layer::layer` again for every accepted connection.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
 }
 
 /// One request on a new TCP connection.

@@ -1,6 +1,7 @@
-//! Helpers shared by the layer test binaries (tests/policies.rs, tests/logging.rs):
-//! a string-bodied service, requests keyed by an `x-user` header, and a call that
-//! returns the status and the `RateLimit` field.
+//! Helpers shared by the layer test binaries (tests/policies.rs, tests/logging.rs,
+//! tests/http.rs, tests/extract_http.rs): a policy, a string-bodied service,
+//! requests keyed by an `x-user` header, a call that returns the status and the
+//! `RateLimit` field, and an axum app served on 127.0.0.1.
 #![allow(dead_code)]
 
 use http::{Request, Response, StatusCode};
@@ -51,4 +52,21 @@ where
         .get("ratelimit")
         .map(|v| v.to_str().unwrap().to_owned());
     (response.status(), rate)
+}
+
+/// Serve `app` on an ephemeral 127.0.0.1 port with `axum::serve` (which calls
+/// `Layer::layer` again for every accepted connection), with the peer address
+/// as `ConnectInfo`.
+pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
 }
