@@ -99,12 +99,7 @@ async fn over_the_limit_gets_429_with_valid_rate_limit_headers() {
         .headers_on_allowed(true)
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hello" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(app().layer(layer)).await;
 
     for remaining in [2, 1, 0] {
         let ok = send(addr, &[]).await;
@@ -139,12 +134,7 @@ async fn over_the_limit_gets_429_with_valid_rate_limit_headers() {
 async fn allowed_responses_carry_no_rate_limit_headers_by_default() {
     let layer =
         SlidingWindowLayer::new(policy("api", 1, Duration::from_secs(60)), GlobalKey).unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hello" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(app().layer(layer)).await;
     let ok = send(addr, &[]).await;
     assert_eq!(ok.status(), StatusCode::OK);
     for name in ["ratelimit", "ratelimit-policy", "retry-after"] {
@@ -162,12 +152,7 @@ async fn limit_holds_across_many_connections_with_axum_serve() {
     let layer =
         SlidingWindowLayer::new(policy("global", 5, Duration::from_secs(3600)), GlobalKey).unwrap();
     let stats = layer.clone();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hi" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(app().layer(layer)).await;
 
     // 40 concurrent requests, each on its own connection (so `layer()` ran for each).
     let responses = futures_join(addr, 40).await;
@@ -199,12 +184,7 @@ async fn keys_are_limited_independently() {
         .headers_on_allowed(true)
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hi" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(app().layer(layer)).await;
 
     let alice = [("x-api-key", "alice")];
     let bob = [("x-api-key", "bob")];
@@ -248,7 +228,7 @@ async fn peer_ip_extractor_keys_by_connect_info() {
 }
 
 fn app() -> Router {
-    Router::new().route("/", get(|| async { "hi" }))
+    Router::new().route("/", get(|| async { "hello" }))
 }
 
 async fn assert_limits_the_peer(addr: SocketAddr) {
@@ -270,12 +250,7 @@ async fn legacy_headers_custom_status_and_quiet_allowed_responses() {
         .headers_on_allowed(false)
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hi" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(app().layer(layer)).await;
 
     let ok = send(addr, &[]).await;
     assert_eq!(ok.status(), StatusCode::OK);
@@ -312,12 +287,7 @@ async fn custom_rejection_response_keeps_the_rate_limit_headers() {
         })
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hi" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(app().layer(layer)).await;
     send(addr, &[]).await;
     let limited = send(addr, &[]).await;
     assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -334,12 +304,7 @@ async fn custom_rejection_response_keeps_the_rate_limit_headers() {
 async fn grpc_requests_get_a_trailers_only_resource_exhausted() {
     let layer =
         SlidingWindowLayer::new(policy("rpc", 1, Duration::from_secs(5)), GlobalKey).unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "hi" }))
-            .layer(layer),
-    )
-    .await;
+    let addr = serve(app().layer(layer)).await;
     let grpc = [("content-type", "application/grpc")];
     assert_eq!(send(addr, &grpc).await.status(), StatusCode::OK);
     let limited = send(addr, &grpc).await;
@@ -368,9 +333,7 @@ async fn window_rolls_over_on_paused_time() {
         .missing_key(MissingKey::Fallback("anonymous".to_owned()))
         .build()
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "hi" }))
-        .layer(layer);
+    let app = app().layer(layer);
     let status = |app: Router| async move {
         let response = app
             .oneshot(Request::builder().uri("/").body(Body::empty()).unwrap())
