@@ -40,14 +40,20 @@ struct Row {
     client_cpu_us: f64,
 }
 
-/// CPU seconds (user + system) Redis has used.
-async fn redis_cpu(conn: &mut MultiplexedConnection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
+/// One section of `INFO` (empty when Redis does not answer).
+async fn info(conn: &mut MultiplexedConnection, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
         .query_async(conn)
         .await
-        .unwrap_or_default();
-    info.lines()
+        .unwrap_or_default()
+}
+
+/// CPU seconds (user + system) Redis has used.
+async fn redis_cpu(conn: &mut MultiplexedConnection) -> f64 {
+    info(conn, "cpu")
+        .await
+        .lines()
         .filter_map(|line| {
             let (name, value) = line.trim().split_once(':')?;
             matches!(name, "used_cpu_user" | "used_cpu_sys").then(|| value.parse::<f64>().ok())?
@@ -143,12 +149,9 @@ async fn private_server() -> Option<(Server, String)> {
 }
 
 async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
+    info(conn, "commandstats")
         .await
-        .unwrap_or_default();
-    info.lines()
+        .lines()
         .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
         .and_then(|rest| rest.split(',').next())
         .and_then(|calls| calls.parse().ok())
