@@ -5,7 +5,8 @@
 //! Time is cut into slots of width `w = ceil(window / N)`; slot `s = now / w`.
 //! `cells[0]` holds `newest`, the newest slot any consuming check has entered
 //! (64 bits; bit 63 is set while an idle ring is being reset; bit 62 is the
-//! SATURATED hint, see below). `cells[1..]` are
+//! SATURATED hint, see below). `cells[1]` holds the *base* of slot `b`: the units
+//! at slots `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. `cells[2..]` are
 //! `N + 1` buckets; the bucket at position `p` only ever holds slots `x ≡ p
 //! (mod N+1)`, packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
 //!
@@ -28,31 +29,54 @@
 //! 2. **Add** `cost` to bucket `s`: same tag → add; older tag → replace with `(s,
 //!    cost)`; newer tag → some thread is ahead, start over (it has published a newer
 //!    `newest`, so the next attempt clamps forward).
-//! 3. **Scan** all buckets: ages `0..=N` are counted; a tag newer than `s` means a
-//!    bucket in our span may have been recycled under us, so take back and start over.
-//! 4. **Re-read** `newest`: a reset that began before this point may have erased
-//!    buckets we counted, so if one may have happened, take back and start over.
+//! 3. **Count** the span `s-N ..= s`: when the base holds slot `s`, base + the
+//!    bucket value step 2 wrote (no scan); otherwise scan all buckets, counting
+//!    ages `0..=N`; a tag newer than `s` means a bucket in our span may have been
+//!    recycled under us, so take back and start over.
+//! 4. **Re-read** `newest`: unless it is still `s`, take back and start over. So a
+//!    check is only admitted while its slot is the newest, which is what lets the
+//!    base be computed once per slot.
 //! 5. If the count exceeds the limit, take the cost back (a CAS that only subtracts
 //!    while the tag is still `s`) and deny.
 //!
+//! The thread whose CAS in step 1 moves `newest` to `s` then sums ages `1..=N`
+//! and publishes that as the base of `s` (a reset publishes 0). So the common
+//! check reads three words of one cache line and writes one, however many
+//! buckets the ring has.
+//!
 //! Why it never over-admits: among admitted checks recorded in one span `x-N..=x`,
-//! take the one whose add comes last in the SeqCst order. Its scan follows every
-//! other add; buckets' tags only grow, and it saw no tag newer than its slot, so
-//! each other unit's bucket still held that unit's slot and was counted. Its sum
-//! was therefore the whole span's total, at most `limit`. Racing checks may both be
-//! denied near the limit (the safe side); the `loom` models below check this.
+//! take the one, C at slot `c`, whose add comes last in the SeqCst order. Any
+//! unit at a slot after `c` was added after `newest` passed `c`, so C's re-read
+//! would have failed: all units lie in `c-N ..= c`, C's span. The units at `c`
+//! are in the bucket value C's add wrote. A unit admitted at `y < c` was added
+//! before its check re-read `newest == y`, so before the CAS that moved `newest`
+//! past `y`, so before every later read of the buckets by a thread that
+//! advanced `newest` to `c` (which computed the base) or by a scan of C. Buckets'
+//! tags only grow, and neither saw a tag newer than `c` (the base is not
+//! published then), so each such unit was counted. C's count was therefore at
+//! least the whole span's total, and it was at most `limit`. Racing checks may
+//! both be denied near the limit (the safe side); the `loom` models below check
+//! this. Units given back from a bucket older than `newest` free room only once
+//! the base is next computed (the next slot): the base only ever over-counts.
 //! loom weakens `SeqCst` accesses to `AcqRel` and orders a plain store racing
 //! read-modify-writes only partially; so that it checks the protocol above and
 //! not a weaker one, every write to a cell is an RMW (the reset swaps) and a
-//! loom-only `SeqCst` fence stands between add and scan
-//! (`sync::order_add_before_scan`).
+//! loom-only `SeqCst` fence stands between a write and the reads it must
+//! precede (`sync::order_write_before_reads`): a check's add and its count, an
+//! advance of `newest` and the base's scan.
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
-use crate::sync::{order_add_before_scan, spin, AtomicU64, Ordering::SeqCst};
+use crate::sync::{order_write_before_reads, spin, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
+const NEWEST: usize = 0;
+const BASE: usize = 1;
+const FIRST_BUCKET: usize = 2;
 const RESETTING: u64 = 1 << 63;
+/// A base count meaning "unknown" (a scan found a newer tag or a tag to
+/// normalise, or the sum does not fit): checks at that slot scan instead.
+const NO_BASE: u32 = u32::MAX;
 /// A hint in `newest`: a strict check was denied in this slot. Checks then sum
 /// first, read-only, and deny without writing when their cost cannot fit (what the
 /// full protocol would decide, with the same numbers), so a flood of denials does
@@ -128,7 +152,7 @@ impl Geometry {
         } else {
             slot % self.len
         };
-        1 + p as usize
+        p as usize
     }
 
     /// The stale tag for ring position `p` (0-based) relative to slot `s`: one lap
@@ -173,7 +197,8 @@ struct Scan {
 }
 
 enum Add {
-    Added,
+    /// Added; the bucket's new value.
+    Added(u64),
     /// A bucket already belongs to a newer slot: start over.
     Newer,
     /// The 32-bit count would overflow: deny (the safe side).
@@ -190,14 +215,20 @@ impl Ring {
     /// An empty ring entered at `now`.
     pub(crate) fn new(g: &Geometry, now: u64) -> Ring {
         let s = g.slot(now);
-        let cells = std::iter::once(AtomicU64::new(s))
-            .chain((0..g.len).map(|p| AtomicU64::new(pack(g.stale_tag(s, p), 0))))
+        let cells = [s, pack(s, 0)]
+            .into_iter()
+            .chain((0..g.len).map(|p| pack(g.stale_tag(s, p), 0)))
+            .map(AtomicU64::new)
             .collect();
         Ring { cells }
     }
 
     fn bucket(&self, g: &Geometry, slot: u64) -> &AtomicU64 {
-        &self.cells[g.position(slot)]
+        &self.cells[FIRST_BUCKET + g.position(slot)]
+    }
+
+    fn buckets(&self) -> &[AtomicU64] {
+        &self.cells[FIRST_BUCKET..]
     }
 
     /// Check `cost` units at time `now` and count them if they fit.
@@ -209,21 +240,27 @@ impl Ring {
             };
             let strict = g.precision == Precision::Strict && cost > 0;
             if saturated && strict {
-                if let Some(used) = self.sum(g, s) {
-                    if used + cost as u64 > g.limit as u64 && !self.reset_since(g, s) {
+                let current = self.bucket(g, s).load(SeqCst);
+                let current = if age(s, current) == 0 {
+                    count(current)
+                } else {
+                    0
+                };
+                if let Some(used) = self.span_count(g, s, current) {
+                    if used + cost as u64 > g.limit as u64 && !self.moved_on(s) {
                         return self.denied_strict(g, s, now, cost, used);
                     }
                 }
             }
-            match self.add(g, s, cost) {
-                Add::Added => {}
+            let cell = match self.add(g, s, cost) {
+                Add::Added(cell) => cell,
                 Add::Newer => continue,
                 Add::Overflow => return self.denied(g, s, now, cost),
-            }
-            order_add_before_scan();
+            };
+            order_write_before_reads();
             if strict {
-                if let Some(used) = self.sum(g, s) {
-                    if self.reset_since(g, s) {
+                if let Some(used) = self.span_count(g, s, count(cell)) {
+                    if self.moved_on(s) {
                         self.take_back(g, s, cost);
                         continue;
                     }
@@ -232,13 +269,13 @@ impl Ring {
                     }
                     self.take_back(g, s, cost);
                     if !saturated {
-                        self.cells[0].fetch_or(SATURATED, SeqCst);
+                        self.cells[NEWEST].fetch_or(SATURATED, SeqCst);
                     }
                     return self.denied_strict(g, s, now, cost, used - cost as u64);
                 }
             }
             let scan = self.scan(g, s);
-            if scan.newer || self.reset_since(g, s) {
+            if scan.newer || self.moved_on(s) {
                 self.take_back(g, s, cost);
                 continue;
             }
@@ -258,7 +295,7 @@ impl Ring {
     pub(crate) fn peek(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
         let clock_slot = g.slot(now);
         for _ in 0..MAX_ATTEMPTS {
-            let newest = self.cells[0].load(SeqCst);
+            let newest = self.cells[NEWEST].load(SeqCst);
             if newest & RESETTING != 0 {
                 spin();
                 continue;
@@ -269,7 +306,8 @@ impl Ring {
                 return allowed(g, &Scan::default(), s, now).after_cost(cost, g);
             }
             let scan = self.scan(g, s);
-            if scan.newer || self.reset_since(g, s) {
+            // A reset may have erased buckets this scan counted: read again.
+            if scan.newer || self.moved_on(newest) {
                 continue;
             }
             if fits(g, &scan, s, now, cost as u64) {
@@ -284,14 +322,14 @@ impl Ring {
     /// absent one, so dropping it loses nothing. Only exact while no check runs in
     /// this ring (the map's write lock guarantees that during eviction).
     pub(crate) fn is_idle(&self, g: &Geometry, now: u64) -> bool {
-        let newest = self.cells[0].load(SeqCst);
+        let newest = self.cells[NEWEST].load(SeqCst);
         newest & RESETTING == 0 && g.slot(now).saturating_sub(newest & !SATURATED) > g.n
     }
 
     /// Step 1: the slot this attempt runs at, published in `newest`, and whether
     /// the SATURATED hint is set for it; `None` to retry.
     fn enter(&self, g: &Geometry, clock_slot: u64) -> Option<(u64, bool)> {
-        let raw = self.cells[0].load(SeqCst);
+        let raw = self.cells[NEWEST].load(SeqCst);
         if raw & RESETTING != 0 {
             spin();
             return None;
@@ -303,24 +341,58 @@ impl Ring {
         let s = clock_slot;
         if s - newest <= g.n {
             // Advancing clears the hint: units may have expired.
-            return self.cells[0]
+            self.cells[NEWEST]
                 .compare_exchange(raw, s, SeqCst, SeqCst)
-                .ok()
-                .map(|_| (s, false));
+                .ok()?;
+            order_write_before_reads();
+            self.publish_base(g, s);
+            return Some((s, false));
         }
         // Idle for more than a window: every bucket is stale. Reset them all so no
         // tag older than a window is ever read again (32-bit tags wrap).
-        self.cells[0]
+        self.cells[NEWEST]
             .compare_exchange(raw, s | RESETTING, SeqCst, SeqCst)
             .ok()?;
         // Swaps, not stores: every write to a cell is then a read-modify-write, so
         // all writes to it are totally ordered also in loom, which orders a plain
         // store racing RMWs only partially and would report false over-admissions.
-        for p in 0..g.len {
-            self.cells[1 + p as usize].swap(pack(g.stale_tag(s, p), 0), SeqCst);
+        for (p, bucket) in (0..).zip(self.buckets()) {
+            bucket.swap(pack(g.stale_tag(s, p), 0), SeqCst);
         }
-        self.cells[0].swap(s, SeqCst);
+        self.cells[BASE].swap(pack(s, 0), SeqCst);
+        self.cells[NEWEST].swap(s, SeqCst);
         Some((s, false))
+    }
+
+    /// After advancing `newest` to `s`: sum ages `1..=N` and publish them as the
+    /// base of `s`, unless a newer base is already there.
+    fn publish_base(&self, g: &Geometry, s: u64) {
+        let older = self
+            .sum(g, s)
+            .map(|(used, current)| used - current)
+            .and_then(|older| u32::try_from(older).ok())
+            .filter(|&older| older != NO_BASE)
+            .unwrap_or(NO_BASE);
+        let base = &self.cells[BASE];
+        let mut cell = base.load(SeqCst);
+        while age(s, cell) > 0 {
+            match base.compare_exchange_weak(cell, pack(s, older), SeqCst, SeqCst) {
+                Ok(_) => return,
+                Err(actual) => cell = actual,
+            }
+        }
+    }
+
+    /// The units in the span `s-N ..= s`, given `current` units at slot `s`: from
+    /// the base when it holds `s`, else from a sum over the ring; `None` when the
+    /// ring needs a full [`scan`](Self::scan).
+    #[inline]
+    fn span_count(&self, g: &Geometry, s: u64, current: u32) -> Option<u64> {
+        let base = self.cells[BASE].load(SeqCst);
+        if age(s, base) == 0 && count(base) != NO_BASE {
+            return Some(count(base) as u64 + current as u64);
+        }
+        self.sum(g, s).map(|(used, _)| used)
     }
 
     /// Step 2: add `cost` to slot `s`'s bucket.
@@ -337,7 +409,7 @@ impl Ring {
                 _ => return Add::Newer,
             };
             match bucket.compare_exchange_weak(cell, next, SeqCst, SeqCst) {
-                Ok(_) => return Add::Added,
+                Ok(_) => return Add::Added(next),
                 Err(actual) => cell = actual,
             }
         }
@@ -346,7 +418,7 @@ impl Ring {
     /// Step 3: sum the buckets of slots `s-N ..= s`.
     fn scan(&self, g: &Geometry, s: u64) -> Scan {
         let mut scan = Scan::default();
-        for (p, bucket) in self.cells[1..].iter().enumerate() {
+        for (p, bucket) in self.buckets().iter().enumerate() {
             let cell = bucket.load(SeqCst);
             let a = age(s, cell);
             if a < 0 {
@@ -369,30 +441,33 @@ impl Ring {
         scan
     }
 
-    /// Step 3, the common case: the units at ages `0..=N`, or `None` when some
-    /// bucket is newer than `s` or old enough to need normalising (then the full
-    /// [`scan`](Self::scan) handles it). Branch-light: this loop is most of a check.
+    /// The units at ages `0..=N` and, of those, at age 0; `None` when some bucket
+    /// is newer than `s` or old enough to need normalising (then the full
+    /// [`scan`](Self::scan) handles it). Branch-light.
     #[inline]
-    fn sum(&self, g: &Geometry, s: u64) -> Option<u64> {
+    fn sum(&self, g: &Geometry, s: u64) -> Option<(u64, u64)> {
         let s32 = s as u32;
         let n = g.n as u32;
         let mut used = 0u64;
+        let mut current = 0u64;
         // OR of all ages: below 2^30 exactly when every age is (N < 2^30). As u32, a
         // newer tag's negative age is >= 2^31, so this also catches newer tags.
         let mut ages = 0u32;
-        for bucket in self.cells[1..].iter() {
+        for bucket in self.buckets() {
             let cell = bucket.load(SeqCst);
             let a = s32.wrapping_sub((cell >> 32) as u32);
             ages |= a;
             used += if a <= n { count(cell) as u64 } else { 0 };
+            current += if a == 0 { count(cell) as u64 } else { 0 };
         }
-        (ages < NORMALIZE_AGE as u32).then_some(used)
+        (ages < NORMALIZE_AGE as u32).then_some((used, current))
     }
 
-    /// Step 4: whether a reset may have started since this check entered at `s`.
-    fn reset_since(&self, g: &Geometry, s: u64) -> bool {
-        let newest = self.cells[0].load(SeqCst);
-        newest & RESETTING != 0 || newest & !SATURATED > s + g.n
+    /// Step 4: whether `newest` has left slot `s` (advanced, or a reset began)
+    /// since this check read it there.
+    #[inline]
+    fn moved_on(&self, s: u64) -> bool {
+        self.cells[NEWEST].load(SeqCst) & !SATURATED != s
     }
 
     /// Give back the units of an admitted decision (a cancelled or undone check).
@@ -420,7 +495,7 @@ impl Ring {
     /// `0..=N` relative to it (index = age). A plain read, nothing counted: the
     /// wait queue forecasts admission times from it.
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
-        let newest = self.cells[0].load(SeqCst) & !(RESETTING | SATURATED);
+        let newest = self.cells[NEWEST].load(SeqCst) & !(RESETTING | SATURATED);
         let s = g.slot(now).max(newest);
         let mut counts = vec![0; g.len as usize];
         if s - newest <= g.n {
@@ -432,7 +507,7 @@ impl Ring {
     /// The units at each age `0..=N` relative to slot `s` (index = age), read in
     /// one pass over the ring into `counts` (zeroed, one entry per bucket).
     fn read_counts(&self, s: u64, counts: &mut [u64]) {
-        for bucket in self.cells[1..].iter() {
+        for bucket in self.buckets() {
             let cell = bucket.load(SeqCst);
             // As u32, a newer tag's negative age is >= 2^31: out of range too.
             let a = (s as u32).wrapping_sub((cell >> 32) as u32) as usize;
@@ -770,7 +845,7 @@ mod tests {
         assert!(ring.acquire(&g, 0, 1).is_allowed());
         let denied = ring.acquire(&g, 0, 1);
         assert_eq!(denied.outcome(), Outcome::Denied);
-        assert_ne!(ring.cells[0].load(SeqCst) & SATURATED, 0);
+        assert_ne!(ring.cells[NEWEST].load(SeqCst) & SATURATED, 0);
         let cells: Vec<u64> = ring.cells.iter().map(|c| c.load(SeqCst)).collect();
         // The same denial again, now from the read-only path: identical, no writes.
         assert_eq!(ring.acquire(&g, 0, 1), denied);
@@ -782,7 +857,7 @@ mod tests {
         // A newer slot clears the hint (here one where slot 0 has left the span, so
         // the check passes and does not set it again).
         assert!(ring.acquire(&g, 1150 * MS, 1).is_allowed());
-        assert_eq!(ring.cells[0].load(SeqCst) & SATURATED, 0);
+        assert_eq!(ring.cells[NEWEST].load(SeqCst) & SATURATED, 0);
     }
 
     #[test]
@@ -941,6 +1016,16 @@ mod loom_tests {
             // Slot 0 holds one unit of 3; costs 2 and 1 race in slot 0, 1 in slot 1.
             // All three may be denied (each sees the others' tentative units).
             checked_run(geometry(3, 2), &[(0, 1)], &[(5, 2), (5, 1), (15, 1)]);
+        });
+    }
+
+    #[test]
+    fn a_check_racing_the_base_of_the_next_slot_never_over_admits() {
+        bounded(3).check(|| {
+            // Slot 0 holds one unit of 2. a checks in slot 0 while b and c enter
+            // slot 1, one of them computing its base (the units of slots -1..=0).
+            // If a's unit lands after that sum, a must not be admitted at slot 0.
+            checked_run(geometry(2, 2), &[(0, 1)], &[(5, 1), (15, 1), (15, 1)]);
         });
     }
 

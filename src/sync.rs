@@ -15,18 +15,20 @@ pub(crate) fn spin() {
     std::hint::spin_loop();
 }
 
-/// Order a check's add before its scan as C11 does for `SeqCst` accesses.
+/// Order a write to the ring before the reads that follow it as C11 does for
+/// `SeqCst` accesses (a check's add before its count; an advance of `newest`
+/// before the base's scan).
 ///
 /// Every ring access is `SeqCst`, so in the C11 model they all fall in one total
-/// order and two checks adding to different buckets cannot both miss each other's
-/// add (store buffering is forbidden). loom treats `SeqCst` accesses as `AcqRel`
+/// order and two threads writing different cells cannot both miss each other's
+/// write (store buffering is forbidden). loom treats `SeqCst` accesses as `AcqRel`
 /// (loom's README, "Unsupported features"), which allows that outcome and reports
 /// false over-admissions; a `SeqCst` fence, which loom does model, restores the
 /// order in the models. In real builds it is a no-op: the accesses already give
 /// this order (a locked RMW on x86, `stlxr`/`ldar` on AArch64), so they must stay
 /// `SeqCst`.
 #[inline(always)]
-pub(crate) fn order_add_before_scan() {
+pub(crate) fn order_write_before_reads() {
     #[cfg(tsw_loom)]
     loom::sync::atomic::fence(Ordering::SeqCst);
 }
