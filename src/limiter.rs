@@ -8,19 +8,19 @@ use crate::policy::Policy;
 use crate::ring::{Geometry, Ring};
 use crate::stats::{Counters, KeyUsage, Stats};
 use crate::wait::WindowSnapshot;
-use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
 type Hasher = foldhash::fast::RandomState;
+/// Key -> ring. Lock-free reads: a check takes no lock, and idle rings are
+/// retired (see `ring.rs`) before they leave the map, so no lock is needed to
+/// drop them either.
+type Map<K> = papaya::HashMap<K, Ring, Hasher>;
 
 /// Entries per partition the map is sized for: one eviction step sweeps one
 /// partition, so this bounds the work a single request can be asked to do.
 const KEYS_PER_PARTITION: usize = 4096;
 const MAX_PARTITIONS: usize = 256;
-/// Lock shards inside each partition.
-const SHARDS_PER_PARTITION: usize = 4;
 
 /// A keyed sliding-window rate limiter, usable on its own or behind the tower layer.
 ///
@@ -70,7 +70,7 @@ pub struct Limiter<K, C = AutoClock> {
     policy: Policy,
     clock: C,
     partition_hasher: Hasher,
-    partitions: Box<[DashMap<K, Ring, Hasher>]>,
+    partitions: Box<[Map<K>]>,
     overflow: Ring,
     max_keys: usize,
     keys: AtomicUsize,
@@ -141,9 +141,7 @@ impl<C> LimiterBuilder<C> {
             policy: self.policy,
             partition_hasher: Hasher::default(),
             partitions: (0..partitions)
-                .map(|_| {
-                    DashMap::with_hasher_and_shard_amount(Hasher::default(), SHARDS_PER_PARTITION)
-                })
+                .map(|_| Map::with_hasher(Hasher::default()))
                 .collect(),
             max_keys: self.max_keys,
             keys: AtomicUsize::new(0),
@@ -206,7 +204,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let now = self.clock.now_nanos();
         let g = &self.geometry;
         let fits = if cost > g.limit() { 0 } else { cost };
-        let decision = match self.partition(key).get(key) {
+        let decision = match self.partition(key).pin().get(key) {
             Some(ring) => ring.peek(g, now, fits),
             None => Ring::new(g, now).peek(g, now, fits),
         };
@@ -225,7 +223,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let g = &self.geometry;
         if decision.overflow {
             self.overflow.undo(g, decision);
-        } else if let Some(ring) = self.partition(key).get(key) {
+        } else if let Some(ring) = self.partition(key).pin().get(key) {
             ring.undo(g, decision);
         }
     }
@@ -277,7 +275,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
         let now = self.clock.now_nanos();
-        let (slot, counts) = match self.partition(key).get(key) {
+        let (slot, counts) = match self.partition(key).pin().get(key) {
             Some(ring) => ring.counts_by_age(g, now),
             None => (g.slot(now), vec![0; g.buckets() as usize + 1]),
         };
@@ -295,38 +293,51 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         decision.slot >= self.geometry.slot(self.clock.now_nanos())
     }
 
-    fn partition(&self, key: &K) -> &DashMap<K, Ring, Hasher> {
+    fn partition(&self, key: &K) -> &Map<K> {
         let hash = self.partition_hasher.hash_one(key) as usize;
         &self.partitions[hash & (self.partitions.len() - 1)]
     }
 
     fn decide(&self, key: &K, cost: u32, now: u64) -> Decision {
         let g = &self.geometry;
-        let partition = self.partition(key);
         if cost > g.limit() {
             return self.peek(key, cost);
         }
-        if let Some(ring) = partition.get(key) {
-            return ring.acquire(g, now, cost);
-        }
-        if self.reserve_key(now) {
-            match partition.entry(key.clone()) {
-                Entry::Occupied(ring) => {
+        let map = self.partition(key).pin();
+        loop {
+            if let Some(ring) = map.get(key) {
+                match ring.try_acquire(g, now, cost) {
+                    Some(decision) => return decision,
+                    // Retired by a sweep: take it out (if the sweep has not yet)
+                    // and track the key afresh.
+                    None => {
+                        let _ = map.remove_if(key, |_, r| std::ptr::eq(r, ring));
+                        continue;
+                    }
+                }
+            }
+            if !self.reserve_key(now) {
+                break;
+            }
+            // A sweep publishes `swept_at` before it retires a ring, and the ring
+            // leaves the map after that, so this reads the newest relevant one.
+            let start = now.max(self.swept_at.load(SeqCst));
+            // While the overflow ring may hold this key's units, a fresh ring
+            // would let the key through twice: stay in the overflow.
+            if g.slot(start) < self.overflow_drained_at.load(SeqCst) {
+                self.keys.fetch_sub(1, Relaxed);
+                break;
+            }
+            let ring = match map.try_insert(key.clone(), Ring::new(g, start)) {
+                Ok(ring) => ring,
+                Err(inserted_first) => {
                     // Another thread inserted it first: give the reservation back.
                     self.keys.fetch_sub(1, Relaxed);
-                    return ring.get().acquire(g, now, cost);
+                    inserted_first.current
                 }
-                Entry::Vacant(slot) => {
-                    // Under the shard's write lock: a sweep that removed this key
-                    // published `swept_at` before taking the lock, so we see it.
-                    let start = now.max(self.swept_at.load(SeqCst));
-                    // While the overflow ring may hold this key's units, a fresh
-                    // ring would let the key through twice: stay in the overflow.
-                    if g.slot(start) >= self.overflow_drained_at.load(SeqCst) {
-                        return slot.insert(Ring::new(g, start)).acquire(g, now, cost);
-                    }
-                    self.keys.fetch_sub(1, Relaxed);
-                }
+            };
+            if let Some(decision) = ring.try_acquire(g, now, cost) {
+                return decision;
             }
         }
         self.overflowed.fetch_add(1, Relaxed);
@@ -337,9 +348,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
             // A racing check may have tracked the key before seeing the line above:
             // then count these units in the key's own ring instead.
-            if let Some(ring) = partition.get(key) {
+            if let Some(decision) = map.get(key).and_then(|ring| ring.try_acquire(g, now, cost)) {
                 self.overflow.undo(g, &d);
-                return ring.acquire(g, now, cost);
+                return decision;
             }
         }
         d
@@ -382,26 +393,25 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 
     fn sweep_partition(&self, p: usize, now: u64) -> usize {
-        let partition = &self.partitions[p];
         let g = &self.geometry;
-        let mut removed = 0;
+        let mut retired = 0;
+        // Before any ring is retired: a check that then finds its key retired or
+        // gone starts the new ring no earlier than this.
         self.swept_at.fetch_max(now, SeqCst);
-        // `retain` holds each shard's write lock, so no check runs inside a ring
-        // while it is judged idle and dropped.
-        partition.retain(|_, ring| {
-            let idle = ring.is_idle(g, now);
-            removed += idle as usize;
-            !idle
-        });
-        if removed > 0 {
-            self.keys.fetch_sub(removed, Relaxed);
-            self.evicted.fetch_add(removed as u64, Relaxed);
-            // Give memory back (hashbrown keeps its capacity otherwise).
-            if partition.len() * 4 < partition.capacity() {
-                partition.shrink_to_fit();
+        // A ring retired here may still be in use by a check that found it
+        // before; that check then fails and looks again (see `ring.rs`). The map
+        // frees the ring once no check can hold it.
+        self.partitions[p].pin().retain(|_, ring| {
+            if ring.retire(g, now) {
+                retired += 1;
             }
+            !ring.is_retired()
+        });
+        if retired > 0 {
+            self.keys.fetch_sub(retired, Relaxed);
+            self.evicted.fetch_add(retired as u64, Relaxed);
         }
-        removed
+        retired
     }
 }
 

@@ -5,7 +5,8 @@
 //! Time is cut into slots of width `w = ceil(window / N)`; slot `s = now / w`.
 //! `cells[0]` holds `newest`, the newest slot any consuming check has entered
 //! (64 bits; bit 63 is set while an idle ring is being reset; bit 62 is the
-//! SATURATED hint, see below). `cells[1]` holds the *base* of slot `b`: the units
+//! SATURATED hint, see below; bit 61 is set for good once the ring is retired,
+//! see Retirement). `cells[1]` holds the *base* of slot `b`: the units
 //! at slots `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. `cells[2..]` are
 //! `N + 1` buckets; the bucket at position `p` only ever holds slots `x ≡ p
 //! (mod N+1)`, packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
@@ -44,6 +45,16 @@
 //! check reads three words of one cache line and writes one, however many
 //! buckets the ring has.
 //!
+//! # Retirement
+//!
+//! The limiter drops idle rings from its map without a lock: a sweep at time
+//! `t` sets RETIRED with a CAS on `newest` only while the ring is idle at `t`
+//! (more than `N` slots behind). A retired ring admits nothing more: step 1
+//! refuses it, and a check that entered before the CAS fails step 4 (`newest`
+//! changed). Such a check could only have entered at a slot that was already
+//! more than `N` slots old at `t`, and the ring that replaces a retired one
+//! starts no earlier than `t`, so the two rings never hold units in one span.
+//!
 //! Why it never over-admits: among admitted checks recorded in one span `x-N..=x`,
 //! take the one, C at slot `c`, whose add comes last in the SeqCst order. Any
 //! unit at a slot after `c` was added after `newest` passed `c`, so C's re-read
@@ -74,6 +85,8 @@ const NEWEST: usize = 0;
 const BASE: usize = 1;
 const FIRST_BUCKET: usize = 2;
 const RESETTING: u64 = 1 << 63;
+/// Set for good when the ring is retired; see the module docs.
+const RETIRED: u64 = 1 << 61;
 /// A base count meaning "unknown" (a scan found a newer tag or a tag to
 /// normalise, or the sum does not fit): checks at that slot scan instead.
 const NO_BASE: u32 = u32::MAX;
@@ -231,11 +244,22 @@ impl Ring {
         &self.cells[FIRST_BUCKET..]
     }
 
-    /// Check `cost` units at time `now` and count them if they fit.
+    /// Check `cost` units at time `now` and count them if they fit, in a ring
+    /// that is never retired.
     pub(crate) fn acquire(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
+        self.try_acquire(g, now, cost)
+            .unwrap_or_else(|| self.denied(g, g.slot(now), now, cost))
+    }
+
+    /// Check `cost` units at time `now` and count them if they fit; `None` once
+    /// the ring is retired (then nothing was counted).
+    pub(crate) fn try_acquire(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
         let clock_slot = g.slot(now);
         for _ in 0..MAX_ATTEMPTS {
             let Some((s, saturated)) = self.enter(g, clock_slot) else {
+                if self.is_retired() {
+                    return None;
+                }
                 continue;
             };
             let strict = g.precision == Precision::Strict && cost > 0;
@@ -248,14 +272,14 @@ impl Ring {
                 };
                 if let Some(used) = self.span_count(g, s, current) {
                     if used + cost as u64 > g.limit as u64 && !self.moved_on(s) {
-                        return self.denied_strict(g, s, now, cost, used);
+                        return Some(self.denied_strict(g, s, now, cost, used));
                     }
                 }
             }
             let cell = match self.add(g, s, cost) {
                 Add::Added(cell) => cell,
                 Add::Newer => continue,
-                Add::Overflow => return self.denied(g, s, now, cost),
+                Add::Overflow => return Some(self.denied(g, s, now, cost)),
             };
             order_write_before_reads();
             if strict {
@@ -265,13 +289,13 @@ impl Ring {
                         continue;
                     }
                     if used <= g.limit as u64 {
-                        return admitted_strict(g, used, s, now, cost);
+                        return Some(admitted_strict(g, used, s, now, cost));
                     }
                     self.take_back(g, s, cost);
                     if !saturated {
                         self.cells[NEWEST].fetch_or(SATURATED, SeqCst);
                     }
-                    return self.denied_strict(g, s, now, cost, used - cost as u64);
+                    return Some(self.denied_strict(g, s, now, cost, used - cost as u64));
                 }
             }
             let scan = self.scan(g, s);
@@ -283,12 +307,12 @@ impl Ring {
                 let mut d = allowed(g, &scan, s, now);
                 d.slot = s;
                 d.cost = cost;
-                return d;
+                return Some(d);
             }
             self.take_back(g, s, cost);
-            return self.denied(g, s, now, cost);
+            return Some(self.denied(g, s, now, cost));
         }
-        self.denied(g, clock_slot, now, cost)
+        Some(self.denied(g, clock_slot, now, cost))
     }
 
     /// Report what `acquire(cost)` would decide now, without counting anything.
@@ -301,6 +325,9 @@ impl Ring {
                 continue;
             }
             let newest = newest & !SATURATED;
+            if newest & RETIRED != 0 {
+                return allowed(g, &Scan::default(), clock_slot, now).after_cost(cost, g);
+            }
             let s = clock_slot.max(newest);
             if s - newest > g.n {
                 return allowed(g, &Scan::default(), s, now).after_cost(cost, g);
@@ -318,20 +345,30 @@ impl Ring {
         self.denied(g, clock_slot, now, cost)
     }
 
-    /// True when every bucket is stale at `now`: the ring is equivalent to an
-    /// absent one, so dropping it loses nothing. Only exact while no check runs in
-    /// this ring (the map's write lock guarantees that during eviction).
-    pub(crate) fn is_idle(&self, g: &Geometry, now: u64) -> bool {
+    /// Retire the ring if it is idle at `now` (every bucket stale, so it is
+    /// equivalent to an absent ring), so that it can leave the map while checks
+    /// may still hold it (see the module docs). True if this call did.
+    pub(crate) fn retire(&self, g: &Geometry, now: u64) -> bool {
         let newest = self.cells[NEWEST].load(SeqCst);
-        newest & RESETTING == 0 && g.slot(now).saturating_sub(newest & !SATURATED) > g.n
+        idle(g, newest, now)
+            && self.cells[NEWEST]
+                .compare_exchange(newest, newest | RETIRED, SeqCst, SeqCst)
+                .is_ok()
+    }
+
+    pub(crate) fn is_retired(&self) -> bool {
+        self.cells[NEWEST].load(SeqCst) & RETIRED != 0
     }
 
     /// Step 1: the slot this attempt runs at, published in `newest`, and whether
-    /// the SATURATED hint is set for it; `None` to retry.
+    /// the SATURATED hint is set for it; `None` to retry (or when retired).
     fn enter(&self, g: &Geometry, clock_slot: u64) -> Option<(u64, bool)> {
         let raw = self.cells[NEWEST].load(SeqCst);
         if raw & RESETTING != 0 {
             spin();
+            return None;
+        }
+        if raw & RETIRED != 0 {
             return None;
         }
         let newest = raw & !SATURATED;
@@ -495,10 +532,11 @@ impl Ring {
     /// `0..=N` relative to it (index = age). A plain read, nothing counted: the
     /// wait queue forecasts admission times from it.
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
-        let newest = self.cells[NEWEST].load(SeqCst) & !(RESETTING | SATURATED);
+        let raw = self.cells[NEWEST].load(SeqCst);
+        let newest = raw & !(RESETTING | SATURATED | RETIRED);
         let s = g.slot(now).max(newest);
         let mut counts = vec![0; g.len as usize];
-        if s - newest <= g.n {
+        if s - newest <= g.n && raw & RETIRED == 0 {
             self.read_counts(s, &mut counts);
         }
         (s, counts)
@@ -619,6 +657,12 @@ impl Ring {
             newer: false,
         }
     }
+}
+
+/// Whether a ring whose `newest` word reads `raw` is idle at `now`: more than
+/// `N` slots behind, not being reset, not retired.
+fn idle(g: &Geometry, raw: u64, now: u64) -> bool {
+    raw & (RESETTING | RETIRED) == 0 && g.slot(now).saturating_sub(raw & !SATURATED) > g.n
 }
 
 /// The weighted count of `scan` plus `extra`, scaled by the bucket width so the
@@ -753,8 +797,9 @@ mod tests {
         assert!(ring.acquire(&g, 0, 2).is_allowed());
         assert!(!ring.acquire(&g, 500 * MS, 1).is_allowed());
         // The denied check entered slot 5, so the ring is idle only after slot 15.
-        assert!(!ring.is_idle(&g, 1100 * MS));
-        assert!(ring.is_idle(&g, 1600 * MS));
+        let newest = ring.cells[NEWEST].load(SeqCst);
+        assert!(!idle(&g, newest, 1100 * MS));
+        assert!(idle(&g, newest, 1600 * MS));
         let d = ring.acquire(&g, 5000 * MS, 1);
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 1);
@@ -807,6 +852,28 @@ mod tests {
         // Far later, the ring still reads correctly.
         let d = ring.peek(&g, t, 0);
         assert_eq!(d.remaining(), 1_000);
+    }
+
+    #[test]
+    fn a_retired_ring_admits_nothing_and_reads_as_empty() {
+        let g = geometry(2, 1000, 10, Precision::Strict);
+        let ring = Ring::new(&g, 0);
+        assert!(ring.acquire(&g, 0, 2).is_allowed());
+        // Slot 0 is still in the span of slot 10: not idle, not retired.
+        assert!(!ring.retire(&g, 1000 * MS));
+        assert!(ring.try_acquire(&g, 1000 * MS, 1).is_some());
+        // Idle at slot 21 (newest is 10): retired once, by one call.
+        assert!(ring.retire(&g, 2100 * MS));
+        assert!(!ring.retire(&g, 2100 * MS));
+        assert!(ring.try_acquire(&g, 2100 * MS, 1).is_none());
+        assert!(
+            ring.try_acquire(&g, 500 * MS, 1).is_none(),
+            "a stale clock too"
+        );
+        let d = ring.peek(&g, 2100 * MS, 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 1);
+        assert_eq!(ring.counts_by_age(&g, 2100 * MS).1, vec![0; 11]);
     }
 
     #[test]
@@ -1026,6 +1093,30 @@ mod loom_tests {
             // slot 1, one of them computing its base (the units of slots -1..=0).
             // If a's unit lands after that sum, a must not be admitted at slot 0.
             checked_run(geometry(2, 2), &[(0, 1)], &[(5, 1), (15, 1), (15, 1)]);
+        });
+    }
+
+    #[test]
+    fn a_check_racing_retirement_is_admitted_only_before_the_sweep_slot() {
+        loom::model(|| {
+            // N = 2 buckets of 10 ns, limit 2, one unit at slot 0. a checks at
+            // slot 9; the sweep at slot 10 finds the ring idle unless a got there
+            // first. A ring that replaces a retired one starts at slot 10, so
+            // after a retirement nothing may be admitted at slot 8 or later here.
+            let g = geometry(2, 2);
+            let ring = Arc::new(Ring::new(&g, 0));
+            assert!(ring.acquire(&g, 0, 1).is_allowed());
+            let a = {
+                let ring = ring.clone();
+                loom::thread::spawn(move || ring.try_acquire(&g, 95, 1))
+            };
+            let retired = ring.retire(&g, 100);
+            let a = a.join().unwrap();
+            match (retired, a) {
+                (true, None) => {}
+                (true, Some(d)) => assert!(!d.is_allowed() || d.slot + g.n < 10),
+                (false, d) => assert!(d.is_some_and(|d| d.is_allowed() && d.slot == 9)),
+            }
         });
     }
 
