@@ -42,8 +42,10 @@
 //!
 //! The thread whose CAS in step 1 moves `newest` to `s` then sums ages `1..=N`
 //! and publishes that as the base of `s` (a reset publishes 0). So the common
-//! check reads three words of one cache line and writes one, however many
-//! buckets the ring has.
+//! check reads three words and writes one, however many buckets the ring has.
+//! `admit_at_newest` is that common case as straight-line code: with the base
+//! fixed, the count after the add is known before it, so it adds only when the
+//! cost fits and leaves denials and every unusual case to the full loop.
 //!
 //! # Retirement
 //!
@@ -253,10 +255,59 @@ impl Ring {
 
     /// Check `cost` units at time `now` and count them if they fit; `None` once
     /// the ring is retired (then nothing was counted).
+    #[inline]
     pub(crate) fn try_acquire(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
-        let clock_slot = g.slot(now);
+        match self.admit_at_newest(g, now, cost) {
+            Some(decision) => Some(decision),
+            None => self.try_acquire_slow(g, now, cost),
+        }
+    }
+
+    /// The common strict admission, steps 1-4 for one attempt with nothing
+    /// unusual: `now` in the slot `newest` holds, no flag set, the base of that
+    /// slot known, the cost fits. `None` (nothing counted) leaves every other
+    /// case, denials included, to the full protocol.
+    #[inline]
+    fn admit_at_newest(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
+        if g.precision != Precision::Strict || cost == 0 {
+            return None;
+        }
+        let s = self.cells[NEWEST].load(SeqCst);
+        if s & (RESETTING | SATURATED | RETIRED) != 0 || now >= (s + 1).saturating_mul(g.width) {
+            return None;
+        }
+        let base = self.cells[BASE].load(SeqCst);
+        if age(s, base) != 0 || count(base) == NO_BASE {
+            return None;
+        }
+        let bucket = self.bucket(g, s);
+        let cell = bucket.load(SeqCst);
+        let current = match age(s, cell) {
+            0 => count(cell),
+            a if a > 0 => 0,
+            _ => return None,
+        };
+        // The base is fixed once published, so the span's count after the add
+        // is known before it: base + the value the CAS writes.
+        let used = count(base) as u64 + current as u64 + cost as u64;
+        if used > g.limit as u64 {
+            return None;
+        }
+        bucket
+            .compare_exchange(cell, pack(s, current + cost), SeqCst, SeqCst)
+            .ok()?;
+        order_write_before_reads();
+        if self.moved_on(s) {
+            self.take_back(g, s, cost);
+            return None;
+        }
+        Some(admitted_strict(g, used, s, now, cost))
+    }
+
+    #[inline(never)]
+    fn try_acquire_slow(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
         for _ in 0..MAX_ATTEMPTS {
-            let Some((s, saturated)) = self.enter(g, clock_slot) else {
+            let Some((s, saturated)) = self.enter(g, now) else {
                 if self.is_retired() {
                     return None;
                 }
@@ -312,7 +363,7 @@ impl Ring {
             self.take_back(g, s, cost);
             return Some(self.denied(g, s, now, cost));
         }
-        Some(self.denied(g, clock_slot, now, cost))
+        Some(self.denied(g, g.slot(now), now, cost))
     }
 
     /// Report what `acquire(cost)` would decide now, without counting anything.
@@ -362,7 +413,7 @@ impl Ring {
 
     /// Step 1: the slot this attempt runs at, published in `newest`, and whether
     /// the SATURATED hint is set for it; `None` to retry (or when retired).
-    fn enter(&self, g: &Geometry, clock_slot: u64) -> Option<(u64, bool)> {
+    fn enter(&self, g: &Geometry, now: u64) -> Option<(u64, bool)> {
         let raw = self.cells[NEWEST].load(SeqCst);
         if raw & RESETTING != 0 {
             spin();
@@ -372,10 +423,12 @@ impl Ring {
             return None;
         }
         let newest = raw & !SATURATED;
-        if clock_slot <= newest {
+        // `now` before the end of slot `newest` means slot(now) <= newest: the
+        // common case, decided by a multiplication instead of a division.
+        if now < (newest + 1).saturating_mul(g.width) {
             return Some((newest, raw & SATURATED != 0));
         }
-        let s = clock_slot;
+        let s = g.slot(now);
         if s - newest <= g.n {
             // Advancing clears the hint: units may have expired.
             self.cells[NEWEST]
@@ -555,6 +608,20 @@ impl Ring {
         }
     }
 
+    /// The units recorded at slot `s - a`, read from its bucket alone.
+    #[inline]
+    fn count_at_age(&self, g: &Geometry, s: u64, a: u64) -> u64 {
+        let Some(slot) = s.checked_sub(a) else {
+            return 0;
+        };
+        let cell = self.bucket(g, slot).load(SeqCst);
+        if age(s, cell) == a as i64 {
+            count(cell) as u64
+        } else {
+            0
+        }
+    }
+
     /// [`read_counts`](Self::read_counts) for a denial: no allocation for rings
     /// of up to [`SMALL_RING`] buckets (`small`; `large` otherwise).
     fn counts_into<'a>(
@@ -619,21 +686,18 @@ impl Ring {
     /// (usually one or two buckets), and from the youngest until one holds units.
     fn denied_strict(&self, g: &Geometry, s: u64, now: u64, cost: u32, used: u64) -> Decision {
         let need = used.saturating_sub((g.limit - cost) as u64);
-        let mut small = [0u64; SMALL_RING];
-        let mut large = Vec::new();
-        let counts = self.counts_into(g, s, &mut small, &mut large);
         // Units of age N leave the span first, when slot s + 1 begins; the units of
         // age N - k when slot s + k + 1 does.
         let mut freed = 0;
         let mut fits_at = s + g.len;
-        for (k, c) in (1..).zip(counts.iter().rev()) {
-            freed += c;
+        for k in 1..=g.len {
+            freed += self.count_at_age(g, s, g.len - k);
             if freed >= need {
                 fits_at = s + k;
                 break;
             }
         }
-        let youngest = counts.iter().position(|&c| c > 0).map(|a| a as u64);
+        let youngest = (0..g.len).find(|&a| self.count_at_age(g, s, a) > 0);
         let until =
             |slot: u64| Duration::from_nanos(slot.saturating_mul(g.width).saturating_sub(now));
         Decision {
