@@ -223,18 +223,51 @@ enum Add {
 /// One key's ring. See the module docs for the invariant.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    cells: Box<[AtomicU64]>,
+    cells: Cells,
+}
+
+/// Rings of up to this many cells (`newest`, the base and the default policy's
+/// 16 buckets) keep them inline, so they live in the map's entry beside the
+/// key: one allocation and one pointer hop less per key.
+const INLINE_CELLS: usize = 18;
+
+/// A ring's cells: inline up to [`INLINE_CELLS`], boxed beyond.
+#[derive(Debug)]
+enum Cells {
+    Inline(u8, [AtomicU64; INLINE_CELLS]),
+    Boxed(Box<[AtomicU64]>),
+}
+
+impl std::ops::Deref for Cells {
+    type Target = [AtomicU64];
+
+    #[inline]
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            Cells::Inline(len, cells) => &cells[..*len as usize],
+            Cells::Boxed(cells) => cells,
+        }
+    }
 }
 
 impl Ring {
     /// An empty ring entered at `now`.
     pub(crate) fn new(g: &Geometry, now: u64) -> Ring {
         let s = g.slot(now);
-        let cells = [s, pack(s, 0)]
-            .into_iter()
-            .chain((0..g.len).map(|p| pack(g.stale_tag(s, p), 0)))
-            .map(AtomicU64::new)
-            .collect();
+        let len = FIRST_BUCKET + g.len as usize;
+        let cell = |i: usize| {
+            AtomicU64::new(match i {
+                NEWEST => s,
+                BASE => pack(s, 0),
+                _ if i < len => pack(g.stale_tag(s, (i - FIRST_BUCKET) as u64), 0),
+                _ => 0,
+            })
+        };
+        let cells = if len <= INLINE_CELLS {
+            Cells::Inline(len as u8, std::array::from_fn(cell))
+        } else {
+            Cells::Boxed((0..len).map(cell).collect())
+        };
         Ring { cells }
     }
 

@@ -270,12 +270,15 @@ fn arrival() -> impl Strategy<Value = Arrival> {
 }
 
 /// N, L and W (nanoseconds, so bucket widths from 1 ns up and windows that do not
-/// divide evenly are both exercised).
+/// divide evenly are both exercised). N up to 20 covers rings kept inline (N <=
+/// 15) and boxed.
 fn geometry(precision: Precision) -> impl Strategy<Value = Geometry> {
-    (1..=8u32, 1..=12u32, 1..=2_000u64).prop_map(move |(n, limit, per_bucket)| {
-        let window = n as u64 * per_bucket - (per_bucket - 1).min(n as u64 / 2);
-        Geometry::new(n, limit, window, precision)
-    })
+    (prop_oneof![1..=8u32, 16..=20u32], 1..=12u32, 1..=2_000u64).prop_map(
+        move |(n, limit, per_bucket)| {
+            let window = n as u64 * per_bucket - (per_bucket - 1).min(n as u64 / 2);
+            Geometry::new(n, limit, window, precision)
+        },
+    )
 }
 
 /// Run `trace` through the limiter and the models; check every decision against
