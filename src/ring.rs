@@ -3,12 +3,11 @@
 //! # Layout
 //!
 //! Time is cut into slots of width `w = ceil(window / N)`; slot `s = now / w`.
-//! `cells[0]` holds `newest`, the newest slot any consuming check has entered
-//! (64 bits; bit 63 is set while an idle ring is being reset; bit 62 is the
-//! SATURATED hint, see below; bit 61 is set for good once the ring is retired,
-//! see Retirement). `cells[1]` holds the *base* of slot `b`: the units
-//! at slots `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. `cells[2..]` are
-//! `N + 1` buckets; the bucket at position `p` only ever holds slots `x ≡ p
+//! `newest` holds the newest slot any consuming check has entered (64 bits;
+//! bit 63 is set while an idle ring is being reset; bit 62 is the SATURATED
+//! hint, see below; bit 61 is set for good once the ring is retired, see
+//! Retirement). `base` holds the *base* of slot `b`: the units at slots
+//! `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. Then come `N + 1` buckets; the bucket at position `p` only ever holds slots `x ≡ p
 //! (mod N+1)`, packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
 //!
 //! # Invariant
@@ -83,9 +82,6 @@ use crate::policy::{Policy, Precision};
 use crate::sync::{order_write_before_reads, spin, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
-const NEWEST: usize = 0;
-const BASE: usize = 1;
-const FIRST_BUCKET: usize = 2;
 const RESETTING: u64 = 1 << 63;
 /// Set for good when the ring is retired; see the module docs.
 const RETIRED: u64 = 1 << 61;
@@ -104,7 +100,7 @@ const MAX_ATTEMPTS: u32 = 64;
 /// ring in use ever drifts to half the 32-bit range, where ages become ambiguous.
 const NORMALIZE_AGE: i64 = 1 << 30;
 /// Rings of up to this many buckets read their counts into a stack array.
-const SMALL_RING: usize = 64;
+const SMALL_RING: usize = INLINE_BUCKETS;
 
 /// The policy, reduced to the integers the ring computes with.
 #[derive(Debug, Clone, Copy)]
@@ -223,60 +219,57 @@ enum Add {
 /// One key's ring. See the module docs for the invariant.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    cells: Cells,
+    newest: AtomicU64,
+    base: AtomicU64,
+    buckets: Buckets,
 }
 
-/// Rings of up to this many cells (`newest`, the base and the default policy's
-/// 16 buckets) keep them inline, so they live in the map's entry beside the
-/// key: one allocation and one pointer hop less per key.
-const INLINE_CELLS: usize = 18;
+/// Rings of up to this many buckets (the default policy's 16) keep them
+/// inline, so the whole ring lives in the map's entry beside the key: one
+/// allocation and one pointer hop less per key.
+const INLINE_BUCKETS: usize = 16;
 
-/// A ring's cells: inline up to [`INLINE_CELLS`], boxed beyond.
+/// A ring's buckets: inline up to [`INLINE_BUCKETS`], boxed beyond.
 #[derive(Debug)]
-enum Cells {
-    Inline(u8, [AtomicU64; INLINE_CELLS]),
+enum Buckets {
+    Inline(u8, [AtomicU64; INLINE_BUCKETS]),
     Boxed(Box<[AtomicU64]>),
-}
-
-impl std::ops::Deref for Cells {
-    type Target = [AtomicU64];
-
-    #[inline]
-    fn deref(&self) -> &[AtomicU64] {
-        match self {
-            Cells::Inline(len, cells) => &cells[..*len as usize],
-            Cells::Boxed(cells) => cells,
-        }
-    }
 }
 
 impl Ring {
     /// An empty ring entered at `now`.
     pub(crate) fn new(g: &Geometry, now: u64) -> Ring {
         let s = g.slot(now);
-        let len = FIRST_BUCKET + g.len as usize;
-        let cell = |i: usize| {
-            AtomicU64::new(match i {
-                NEWEST => s,
-                BASE => pack(s, 0),
-                _ if i < len => pack(g.stale_tag(s, (i - FIRST_BUCKET) as u64), 0),
-                _ => 0,
+        let len = g.len as usize;
+        let bucket = |p: usize| {
+            AtomicU64::new(if p < len {
+                pack(g.stale_tag(s, p as u64), 0)
+            } else {
+                0
             })
         };
-        let cells = if len <= INLINE_CELLS {
-            Cells::Inline(len as u8, std::array::from_fn(cell))
-        } else {
-            Cells::Boxed((0..len).map(cell).collect())
-        };
-        Ring { cells }
+        Ring {
+            newest: AtomicU64::new(s),
+            base: AtomicU64::new(pack(s, 0)),
+            buckets: if len <= INLINE_BUCKETS {
+                Buckets::Inline(len as u8, std::array::from_fn(bucket))
+            } else {
+                Buckets::Boxed((0..len).map(bucket).collect())
+            },
+        }
     }
 
+    #[inline]
     fn bucket(&self, g: &Geometry, slot: u64) -> &AtomicU64 {
-        &self.cells[FIRST_BUCKET + g.position(slot)]
+        &self.buckets()[g.position(slot)]
     }
 
+    #[inline]
     fn buckets(&self) -> &[AtomicU64] {
-        &self.cells[FIRST_BUCKET..]
+        match &self.buckets {
+            Buckets::Inline(len, buckets) => &buckets[..*len as usize],
+            Buckets::Boxed(buckets) => buckets,
+        }
     }
 
     /// Check `cost` units at time `now` and count them if they fit, in a ring
@@ -305,11 +298,11 @@ impl Ring {
         if g.precision != Precision::Strict || cost == 0 {
             return None;
         }
-        let s = self.cells[NEWEST].load(SeqCst);
+        let s = self.newest.load(SeqCst);
         if s & (RESETTING | SATURATED | RETIRED) != 0 || now >= (s + 1).saturating_mul(g.width) {
             return None;
         }
-        let base = self.cells[BASE].load(SeqCst);
+        let base = self.base.load(SeqCst);
         if age(s, base) != 0 || count(base) == NO_BASE {
             return None;
         }
@@ -377,7 +370,7 @@ impl Ring {
                     }
                     self.take_back(g, s, cost);
                     if !saturated {
-                        self.cells[NEWEST].fetch_or(SATURATED, SeqCst);
+                        self.newest.fetch_or(SATURATED, SeqCst);
                     }
                     return Some(self.denied_strict(g, s, now, cost, used - cost as u64));
                 }
@@ -403,7 +396,7 @@ impl Ring {
     pub(crate) fn peek(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
         let clock_slot = g.slot(now);
         for _ in 0..MAX_ATTEMPTS {
-            let newest = self.cells[NEWEST].load(SeqCst);
+            let newest = self.newest.load(SeqCst);
             if newest & RESETTING != 0 {
                 spin();
                 continue;
@@ -433,21 +426,22 @@ impl Ring {
     /// equivalent to an absent ring), so that it can leave the map while checks
     /// may still hold it (see the module docs). True if this call did.
     pub(crate) fn retire(&self, g: &Geometry, now: u64) -> bool {
-        let newest = self.cells[NEWEST].load(SeqCst);
+        let newest = self.newest.load(SeqCst);
         idle(g, newest, now)
-            && self.cells[NEWEST]
+            && self
+                .newest
                 .compare_exchange(newest, newest | RETIRED, SeqCst, SeqCst)
                 .is_ok()
     }
 
     pub(crate) fn is_retired(&self) -> bool {
-        self.cells[NEWEST].load(SeqCst) & RETIRED != 0
+        self.newest.load(SeqCst) & RETIRED != 0
     }
 
     /// Step 1: the slot this attempt runs at, published in `newest`, and whether
     /// the SATURATED hint is set for it; `None` to retry (or when retired).
     fn enter(&self, g: &Geometry, now: u64) -> Option<(u64, bool)> {
-        let raw = self.cells[NEWEST].load(SeqCst);
+        let raw = self.newest.load(SeqCst);
         if raw & RESETTING != 0 {
             spin();
             return None;
@@ -464,16 +458,14 @@ impl Ring {
         let s = g.slot(now);
         if s - newest <= g.n {
             // Advancing clears the hint: units may have expired.
-            self.cells[NEWEST]
-                .compare_exchange(raw, s, SeqCst, SeqCst)
-                .ok()?;
+            self.newest.compare_exchange(raw, s, SeqCst, SeqCst).ok()?;
             order_write_before_reads();
             self.publish_base(g, s);
             return Some((s, false));
         }
         // Idle for more than a window: every bucket is stale. Reset them all so no
         // tag older than a window is ever read again (32-bit tags wrap).
-        self.cells[NEWEST]
+        self.newest
             .compare_exchange(raw, s | RESETTING, SeqCst, SeqCst)
             .ok()?;
         // Swaps, not stores: every write to a cell is then a read-modify-write, so
@@ -482,8 +474,8 @@ impl Ring {
         for (p, bucket) in (0..).zip(self.buckets()) {
             bucket.swap(pack(g.stale_tag(s, p), 0), SeqCst);
         }
-        self.cells[BASE].swap(pack(s, 0), SeqCst);
-        self.cells[NEWEST].swap(s, SeqCst);
+        self.base.swap(pack(s, 0), SeqCst);
+        self.newest.swap(s, SeqCst);
         Some((s, false))
     }
 
@@ -496,7 +488,7 @@ impl Ring {
             .and_then(|older| u32::try_from(older).ok())
             .filter(|&older| older != NO_BASE)
             .unwrap_or(NO_BASE);
-        let base = &self.cells[BASE];
+        let base = &self.base;
         let mut cell = base.load(SeqCst);
         while age(s, cell) > 0 {
             match base.compare_exchange_weak(cell, pack(s, older), SeqCst, SeqCst) {
@@ -511,7 +503,7 @@ impl Ring {
     /// ring needs a full [`scan`](Self::scan).
     #[inline]
     fn span_count(&self, g: &Geometry, s: u64, current: u32) -> Option<u64> {
-        let base = self.cells[BASE].load(SeqCst);
+        let base = self.base.load(SeqCst);
         if age(s, base) == 0 && count(base) != NO_BASE {
             return Some(count(base) as u64 + current as u64);
         }
@@ -590,7 +582,7 @@ impl Ring {
     /// since this check read it there.
     #[inline]
     fn moved_on(&self, s: u64) -> bool {
-        self.cells[NEWEST].load(SeqCst) & !SATURATED != s
+        self.newest.load(SeqCst) & !SATURATED != s
     }
 
     /// Give back the units of an admitted decision (a cancelled or undone check).
@@ -618,7 +610,7 @@ impl Ring {
     /// `0..=N` relative to it (index = age). A plain read, nothing counted: the
     /// wait queue forecasts admission times from it.
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
-        let raw = self.cells[NEWEST].load(SeqCst);
+        let raw = self.newest.load(SeqCst);
         let newest = raw & !(RESETTING | SATURATED | RETIRED);
         let s = g.slot(now).max(newest);
         let mut counts = vec![0; g.len as usize];
@@ -638,20 +630,6 @@ impl Ring {
             if let Some(c) = counts.get_mut(a) {
                 *c = count(cell) as u64;
             }
-        }
-    }
-
-    /// The units recorded at slot `s - a`, read from its bucket alone.
-    #[inline]
-    fn count_at_age(&self, g: &Geometry, s: u64, a: u64) -> u64 {
-        let Some(slot) = s.checked_sub(a) else {
-            return 0;
-        };
-        let cell = self.bucket(g, slot).load(SeqCst);
-        if age(s, cell) == a as i64 {
-            count(cell) as u64
-        } else {
-            0
         }
     }
 
@@ -719,18 +697,21 @@ impl Ring {
     /// (usually one or two buckets), and from the youngest until one holds units.
     fn denied_strict(&self, g: &Geometry, s: u64, now: u64, cost: u32, used: u64) -> Decision {
         let need = used.saturating_sub((g.limit - cost) as u64);
+        let mut small = [0u64; SMALL_RING];
+        let mut large = Vec::new();
+        let counts = self.counts_into(g, s, &mut small, &mut large);
         // Units of age N leave the span first, when slot s + 1 begins; the units of
         // age N - k when slot s + k + 1 does.
         let mut freed = 0;
         let mut fits_at = s + g.len;
-        for k in 1..=g.len {
-            freed += self.count_at_age(g, s, g.len - k);
+        for (k, c) in (1..).zip(counts.iter().rev()) {
+            freed += c;
             if freed >= need {
                 fits_at = s + k;
                 break;
             }
         }
-        let youngest = (0..g.len).find(|&a| self.count_at_age(g, s, a) > 0);
+        let youngest = counts.iter().position(|&c| c > 0).map(|a| a as u64);
         let until =
             |slot: u64| Duration::from_nanos(slot.saturating_mul(g.width).saturating_sub(now));
         Decision {
@@ -894,7 +875,7 @@ mod tests {
         assert!(ring.acquire(&g, 0, 2).is_allowed());
         assert!(!ring.acquire(&g, 500 * MS, 1).is_allowed());
         // The denied check entered slot 5, so the ring is idle only after slot 15.
-        let newest = ring.cells[NEWEST].load(SeqCst);
+        let newest = ring.newest.load(SeqCst);
         assert!(!idle(&g, newest, 1100 * MS));
         assert!(idle(&g, newest, 1600 * MS));
         let d = ring.acquire(&g, 5000 * MS, 1);
@@ -1009,11 +990,11 @@ mod tests {
         assert!(ring.acquire(&g, 0, 1).is_allowed());
         let denied = ring.acquire(&g, 0, 1);
         assert_eq!(denied.outcome(), Outcome::Denied);
-        assert_ne!(ring.cells[NEWEST].load(SeqCst) & SATURATED, 0);
-        let cells: Vec<u64> = ring.cells.iter().map(|c| c.load(SeqCst)).collect();
+        assert_ne!(ring.newest.load(SeqCst) & SATURATED, 0);
+        let cells: Vec<u64> = ring.buckets().iter().map(|c| c.load(SeqCst)).collect();
         // The same denial again, now from the read-only path: identical, no writes.
         assert_eq!(ring.acquire(&g, 0, 1), denied);
-        let after: Vec<u64> = ring.cells.iter().map(|c| c.load(SeqCst)).collect();
+        let after: Vec<u64> = ring.buckets().iter().map(|c| c.load(SeqCst)).collect();
         assert_eq!(cells, after);
         // An undo inside the slot frees a unit even though the hint is still set.
         ring.undo(&g, &first);
@@ -1021,7 +1002,7 @@ mod tests {
         // A newer slot clears the hint (here one where slot 0 has left the span, so
         // the check passes and does not set it again).
         assert!(ring.acquire(&g, 1150 * MS, 1).is_allowed());
-        assert_eq!(ring.cells[NEWEST].load(SeqCst) & SATURATED, 0);
+        assert_eq!(ring.newest.load(SeqCst) & SATURATED, 0);
     }
 
     #[test]
@@ -1145,15 +1126,12 @@ mod loom_tests {
             let units: u64 = by_slot.range(x..=x + g.n).map(|(_, c)| c).sum();
             assert!(
                 units <= g.limit as u64,
-                "{units} units in slots {x}..={}: {:?}; cells {:x?}",
+                "{units} units in slots {x}..={}: {:?}; ring {:x?}",
                 x + g.n,
                 all.iter()
                     .map(|d| (d.outcome, d.slot, d.cost))
                     .collect::<Vec<_>>(),
-                ring.cells
-                    .iter()
-                    .map(|c| c.load(SeqCst))
-                    .collect::<Vec<_>>()
+                ring
             );
         }
         raced
