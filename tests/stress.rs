@@ -1,6 +1,8 @@
-//! Threads hammering one key while a driver steps a `ManualClock`: every
+//! Threads hammering two keys while a driver steps a `ManualClock`: every
 //! admission is recorded by the slot it was counted in, and no N + 1 consecutive
-//! slots may ever hold more than the limit. Bounded by check counts, not time.
+//! slots may ever hold more than the limit for a key. While one key idles, the
+//! other key's checks sweep the limiter, so rings are retired and replaced under
+//! the workers. Bounded by check counts, not time.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -10,6 +12,7 @@ use std::time::Duration;
 use tower_sliding_window::{Limiter, ManualClock, Policy};
 
 const THREADS: usize = 3;
+const KEYS: u64 = 2;
 const CHECKS_PER_THREAD: usize = 20_000;
 const LIMIT: u64 = 8;
 const BUCKETS: u64 = 4;
@@ -20,6 +23,7 @@ const CHECKS_PER_STEP: usize = 3;
 /// One check as a worker saw it.
 #[derive(Debug, Clone, Copy)]
 struct Record {
+    key: u8,
     slot: u64,
     cost: u64,
     allowed: bool,
@@ -40,7 +44,8 @@ impl Rng {
 }
 
 /// The next clock step: mostly within a bucket, sometimes across one or several,
-/// rarely past a whole window (the ring goes idle and is reset under the workers).
+/// rarely past a whole window (the ring goes idle and is reset, or retired by a
+/// sweep and replaced, under the workers).
 fn step(rng: &mut Rng) -> u64 {
     match rng.below(100) {
         0..=74 => rng.below(WIDTH / 4),
@@ -62,6 +67,8 @@ fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, Man
     let limiter = Arc::new(
         Limiter::builder(policy)
             .clock(clock.clone())
+            // One partition: every sweep step visits both keys.
+            .max_keys(4)
             .build::<u8>()
             .unwrap(),
     );
@@ -83,12 +90,15 @@ fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, Man
                         thread::yield_now();
                     }
                     let c = cost(&mut rng);
-                    let d = limiter.check_n(&0, c as u32);
+                    // Mostly key 0, so that key 1 often idles for a window.
+                    let key = (rng.below(8 * KEYS) / (8 * KEYS - 1)) as u8;
+                    let d = limiter.check_n(&key, c as u32);
                     let room_after = !d.is_allowed() && {
-                        let p = limiter.peek(&0, c as u32);
+                        let p = limiter.peek(&key, c as u32);
                         p.is_allowed() && p.recorded_slot() == d.recorded_slot()
                     };
                     records.push(Record {
+                        key,
                         slot: d.recorded_slot(),
                         cost: c,
                         allowed: d.is_allowed(),
@@ -145,19 +155,21 @@ fn span(slots: &BTreeMap<u64, u64>, x: u64) -> u64 {
 }
 
 fn assert_no_span_over_limit(records: &[Record]) {
-    let admitted = per_slot(records, |r| r.allowed);
-    for &x in admitted.keys() {
-        let units = span(&admitted, x + BUCKETS);
-        assert!(
-            units <= LIMIT,
-            "{units} units admitted in slots {x}..={}",
-            x + BUCKETS
-        );
+    for key in 0..KEYS as u8 {
+        let admitted = per_slot(records, |r| r.allowed && r.key == key);
+        for &x in admitted.keys() {
+            let units = span(&admitted, x + BUCKETS);
+            assert!(
+                units <= LIMIT,
+                "{units} units admitted for key {key} in slots {x}..={}",
+                x + BUCKETS
+            );
+        }
     }
 }
 
 #[test]
-fn racing_checks_on_one_key_never_admit_more_than_limit_in_any_span() {
+fn racing_checks_on_two_keys_never_admit_more_than_limit_in_any_span() {
     let (records, limiter) = hammer(0x5eed, |_| 1);
     assert_no_span_over_limit(&records);
 
@@ -166,6 +178,9 @@ fn racing_checks_on_one_key_never_admit_more_than_limit_in_any_span() {
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.rejected), (allowed, denied));
     assert!(allowed > 0);
+    // The clock's jumps past a window let sweeps retire the key's ring under
+    // the workers, who then start new ones: the spans above cross rings.
+    assert!(stats.keys_evicted > 0, "{stats:?}");
 
     // Spurious denials, two ways. (1) Denied while room remained: a peek right
     // after, at the same slot, had room. Admitted units never leave a slot's span
@@ -175,16 +190,21 @@ fn racing_checks_on_one_key_never_admit_more_than_limit_in_any_span() {
     // (2) Capacity lost: a denial at slot x while slot x's span ended with room to
     // spare; with cost 1 that is min(denied, L - final span) per slot.
     let denied_with_room = records.iter().filter(|r| r.room_after).count();
-    let admitted = per_slot(&records, |r| r.allowed);
-    let denials = per_slot(&records, |r| !r.allowed);
-    let lost: u64 = denials
-        .iter()
-        .map(|(&x, &d)| d.min(LIMIT - span(&admitted, x)))
+    let lost: u64 = (0..KEYS as u8)
+        .map(|key| {
+            let admitted = per_slot(&records, |r| r.allowed && r.key == key);
+            let denials = per_slot(&records, |r| !r.allowed && r.key == key);
+            denials
+                .iter()
+                .map(|(&x, &d)| d.min(LIMIT - span(&admitted, x)))
+                .sum::<u64>()
+        })
         .sum();
     println!(
-        "stress: {THREADS} threads x {CHECKS_PER_THREAD} checks on one key, L = {LIMIT}, N = {BUCKETS}: \
-         {allowed} admitted, {denied} denied; denied while room remained: {denied_with_room} \
+        "stress: {THREADS} threads x {CHECKS_PER_THREAD} checks on {KEYS} keys, L = {LIMIT}, N = {BUCKETS}: \
+         {allowed} admitted, {denied} denied, {} rings retired; denied while room remained: {denied_with_room} \
          ({:.3}% of denials, {:.3}% of checks); capacity lost at slot granularity: {lost} units",
+        stats.keys_evicted,
         100.0 * denied_with_room as f64 / denied.max(1) as f64,
         100.0 * denied_with_room as f64 / records.len() as f64,
     );
