@@ -177,7 +177,7 @@ impl Limiter<(), AutoClock> {
         }
     }
 
-    /// Default cap on tracked keys: 100 000 (about 17 MB with small keys).
+    /// Default cap on tracked keys: 100 000 (about 20 MB with small keys).
     pub const DEFAULT_MAX_KEYS: usize = 100_000;
 }
 
