@@ -10,12 +10,31 @@ use crate::stats::{Counters, KeyUsage, Stats};
 use crate::wait::WindowSnapshot;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Mutex, MutexGuard};
 
 type Hasher = foldhash::fast::RandomState;
 /// Key -> ring. Lock-free reads: a check takes no lock, and idle rings are
 /// retired (see `ring.rs`) before they leave the map, so no lock is needed to
 /// drop them either.
 type Map<K> = papaya::HashMap<K, Ring, Hasher>;
+
+/// One partition of the keys: the unit one sweep step visits.
+struct Partition<K> {
+    map: Map<K>,
+    /// Held while a ring is created, and while a check admitted by the overflow
+    /// ring looks for its key's own ring. The creator reads
+    /// `overflow_drained_at` then inserts; the overflow check raises it then
+    /// looks: without the lock both could miss the other, and the key would
+    /// hold units in the overflow ring that its fresh ring does not count.
+    creating: Mutex<()>,
+}
+
+impl<K> Partition<K> {
+    fn creating(&self) -> MutexGuard<'_, ()> {
+        // The lock guards no data, so a poisoned one is as good as any.
+        self.creating.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// Entries per partition the map is sized for: one eviction step sweeps one
 /// partition, so this bounds the work a single request can be asked to do.
@@ -70,7 +89,7 @@ pub struct Limiter<K, C = AutoClock> {
     policy: Policy,
     clock: C,
     partition_hasher: Hasher,
-    partitions: Box<[Map<K>]>,
+    partitions: Box<[Partition<K>]>,
     overflow: Ring,
     max_keys: usize,
     keys: AtomicUsize,
@@ -141,7 +160,10 @@ impl<C> LimiterBuilder<C> {
             policy: self.policy,
             partition_hasher: Hasher::default(),
             partitions: (0..partitions)
-                .map(|_| Map::with_hasher(Hasher::default()))
+                .map(|_| Partition {
+                    map: Map::with_hasher(Hasher::default()),
+                    creating: Mutex::new(()),
+                })
                 .collect(),
             max_keys: self.max_keys,
             keys: AtomicUsize::new(0),
@@ -204,7 +226,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let now = self.clock.now_nanos();
         let g = &self.geometry;
         let fits = if cost > g.limit() { 0 } else { cost };
-        let decision = match self.partition(key).pin().get(key) {
+        let decision = match self.partition(key).map.pin().get(key) {
             Some(ring) => ring.peek(g, now, fits),
             None => Ring::new(g, now).peek(g, now, fits),
         };
@@ -223,7 +245,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let g = &self.geometry;
         if decision.overflow {
             self.overflow.undo(g, decision);
-        } else if let Some(ring) = self.partition(key).pin().get(key) {
+        } else if let Some(ring) = self.partition(key).map.pin().get(key) {
             ring.undo(g, decision);
         }
     }
@@ -275,7 +297,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
         let now = self.clock.now_nanos();
-        let (slot, counts) = match self.partition(key).pin().get(key) {
+        let (slot, counts) = match self.partition(key).map.pin().get(key) {
             Some(ring) => ring.counts_by_age(g, now),
             None => (g.slot(now), vec![0; g.buckets() as usize + 1]),
         };
@@ -293,7 +315,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         decision.slot >= self.geometry.slot(self.clock.now_nanos())
     }
 
-    fn partition(&self, key: &K) -> &Map<K> {
+    fn partition(&self, key: &K) -> &Partition<K> {
         let hash = self.partition_hasher.hash_one(key) as usize;
         &self.partitions[hash & (self.partitions.len() - 1)]
     }
@@ -303,7 +325,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         if cost > g.limit() {
             return self.peek(key, cost);
         }
-        let map = self.partition(key).pin();
+        let partition = self.partition(key);
+        let map = partition.map.pin();
         loop {
             if let Some(ring) = map.get(key) {
                 match ring.try_acquire(g, now, cost) {
@@ -319,6 +342,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             if !self.reserve_key(now) {
                 break;
             }
+            let creating = partition.creating();
             // A sweep publishes `swept_at` before it retires a ring, and the ring
             // leaves the map after that, so this reads the newest relevant one.
             let start = now.max(self.swept_at.load(SeqCst));
@@ -336,6 +360,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
                     inserted_first.current
                 }
             };
+            drop(creating);
             if let Some(decision) = ring.try_acquire(g, now, cost) {
                 return decision;
             }
@@ -348,6 +373,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
             // A racing check may have tracked the key before seeing the line above:
             // then count these units in the key's own ring instead.
+            let _creating = partition.creating();
             if let Some(decision) = map.get(key).and_then(|ring| ring.try_acquire(g, now, cost)) {
                 self.overflow.undo(g, &d);
                 return decision;
@@ -401,7 +427,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         // A ring retired here may still be in use by a check that found it
         // before; that check then fails and looks again (see `ring.rs`). The map
         // frees the ring once no check can hold it.
-        self.partitions[p].pin().retain(|_, ring| {
+        self.partitions[p].map.pin().retain(|_, ring| {
             if ring.retire(g, now) {
                 retired += 1;
             }
