@@ -241,6 +241,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// that was admitted but then not sent (another policy denied it, a waiter was
     /// cancelled, a reservation went unused). Safe to call late: units whose bucket
     /// has already expired are simply gone.
+    ///
+    /// Units given back while their bucket is still the key's newest free room at
+    /// once. Later, they free room from the next bucket on: until then checks
+    /// count the older buckets from a total taken when the key entered its newest
+    /// bucket (an over-count, the safe side).
     pub fn undo(&self, key: &K, decision: &Decision) {
         let g = &self.geometry;
         if decision.overflow {
@@ -627,6 +632,29 @@ mod tests {
         assert!(!l.check(&3).is_allowed(), "the overflow ring is shared");
         l.undo(&2, &overflowed);
         assert!(l.check(&3).is_allowed());
+    }
+
+    #[test]
+    fn units_given_back_from_an_older_bucket_free_room_from_the_next_bucket_on() {
+        // 1 s window of 15 buckets of 66.7 ms.
+        let (l, clock) = limiter(2, 10);
+        let early = l.check(&1);
+        assert!(early.is_allowed());
+        clock.advance(Duration::from_millis(70)); // the next bucket
+        assert!(l.check(&1).is_allowed());
+        assert!(!l.check(&1).is_allowed());
+        l.undo(&1, &early);
+        assert_eq!(l.usage(&1).used, 1, "the bucket itself is given back");
+        assert!(
+            !l.check(&1).is_allowed(),
+            "checks in this bucket still count it"
+        );
+        clock.advance(Duration::from_millis(70));
+        assert!(
+            l.check(&1).is_allowed(),
+            "from the next bucket on it is free"
+        );
+        assert!(!l.check(&1).is_allowed());
     }
 
     #[test]
