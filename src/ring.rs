@@ -7,8 +7,9 @@
 //! bit 63 is set while an idle ring is being reset; bit 62 is the SATURATED
 //! hint, see below; bit 61 is set for good once the ring is retired, see
 //! Retirement). `base` holds the *base* of slot `b`: the units at slots
-//! `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. Then come `N + 1` buckets; the bucket at position `p` only ever holds slots `x ≡ p
-//! (mod N+1)`, packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
+//! `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. Then come `N + 1`
+//! buckets; the bucket at position `p` only ever holds slots `x ≡ p (mod N+1)`,
+//! packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
 //!
 //! # Invariant
 //!
@@ -136,6 +137,12 @@ impl Geometry {
         now / self.width
     }
 
+    /// `slot(now) <= slot`, by a multiplication instead of a division.
+    #[inline]
+    fn not_after(&self, now: u64, slot: u64) -> bool {
+        now < (slot + 1).saturating_mul(self.width)
+    }
+
     pub(crate) fn limit(&self) -> u32 {
         self.limit
     }
@@ -192,6 +199,18 @@ fn count(cell: u64) -> u32 {
 #[inline]
 fn age(s: u64, cell: u64) -> i64 {
     (s as u32).wrapping_sub((cell >> 32) as u32) as i32 as i64
+}
+
+/// The units `cell` holds for slot `s` if written now: its count when it holds
+/// `s`, 0 when it holds an older slot (it would be replaced), `None` when it
+/// already holds a newer one.
+#[inline]
+fn units_at(s: u64, cell: u64) -> Option<u32> {
+    match age(s, cell) {
+        0 => Some(count(cell)),
+        a if a > 0 => Some(0),
+        _ => None,
+    }
 }
 
 /// What one scan of the ring found, relative to slot `s`.
@@ -299,7 +318,7 @@ impl Ring {
             return None;
         }
         let s = self.newest.load(SeqCst);
-        if s & (RESETTING | SATURATED | RETIRED) != 0 || now >= (s + 1).saturating_mul(g.width) {
+        if s & (RESETTING | SATURATED | RETIRED) != 0 || !g.not_after(now, s) {
             return None;
         }
         let base = self.base.load(SeqCst);
@@ -308,11 +327,7 @@ impl Ring {
         }
         let bucket = self.bucket(g, s);
         let cell = bucket.load(SeqCst);
-        let current = match age(s, cell) {
-            0 => count(cell),
-            a if a > 0 => 0,
-            _ => return None,
-        };
+        let current = units_at(s, cell)?;
         // The base is fixed once published, so the span's count after the add
         // is known before it: base + the value the CAS writes.
         let used = count(base) as u64 + current as u64 + cost as u64;
@@ -341,12 +356,7 @@ impl Ring {
             };
             let strict = g.precision == Precision::Strict && cost > 0;
             if saturated && strict {
-                let current = self.bucket(g, s).load(SeqCst);
-                let current = if age(s, current) == 0 {
-                    count(current)
-                } else {
-                    0
-                };
+                let current = units_at(s, self.bucket(g, s).load(SeqCst)).unwrap_or(0);
                 if let Some(used) = self.span_count(g, s, current) {
                     if used + cost as u64 > g.limit as u64 && !self.moved_on(s) {
                         return Some(self.denied_strict(g, s, now, cost, used));
@@ -450,9 +460,8 @@ impl Ring {
             return None;
         }
         let newest = raw & !SATURATED;
-        // `now` before the end of slot `newest` means slot(now) <= newest: the
-        // common case, decided by a multiplication instead of a division.
-        if now < (newest + 1).saturating_mul(g.width) {
+        // The common case: the clock is still in (or behind) slot `newest`.
+        if g.not_after(now, newest) {
             return Some((newest, raw & SATURATED != 0));
         }
         let s = g.slot(now);
@@ -515,13 +524,12 @@ impl Ring {
         let bucket = self.bucket(g, s);
         let mut cell = bucket.load(SeqCst);
         loop {
-            let next = match age(s, cell) {
-                0 => match count(cell).checked_add(cost) {
-                    Some(c) => pack(s, c),
-                    None => return Add::Overflow,
-                },
-                a if a > 0 => pack(s, cost),
-                _ => return Add::Newer,
+            let Some(current) = units_at(s, cell) else {
+                return Add::Newer;
+            };
+            let next = match current.checked_add(cost) {
+                Some(c) => pack(s, c),
+                None => return Add::Overflow,
             };
             match bucket.compare_exchange_weak(cell, next, SeqCst, SeqCst) {
                 Ok(_) => return Add::Added(next),
