@@ -4,9 +4,8 @@
 //!
 //! Time is cut into slots of width `w = ceil(window / N)`; slot `s = now / w`.
 //! `newest` holds the newest slot any consuming check has entered (64 bits;
-//! bit 63 is set while an idle ring is being reset; bit 62 is the SATURATED
-//! hint, see below; bit 61 is set for good once the ring is retired, see
-//! Retirement). `base` holds the *base* of slot `b`: the units at slots
+//! bit 63 is set while an idle ring is being reset; bit 61 is set for good
+//! once the ring is retired, see Retirement). `base` holds the *base* of slot `b`: the units at slots
 //! `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. Then come `N + 1`
 //! buckets; the bucket at position `p` only ever holds slots `x ≡ p (mod N+1)`,
 //! packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
@@ -45,7 +44,10 @@
 //! check reads three words and writes one, however many buckets the ring has.
 //! `admit_at_newest` is that common case as straight-line code: with the base
 //! fixed, the count after the add is known before it, so it adds only when the
-//! cost fits and leaves denials and every unusual case to the full loop.
+//! cost fits. When it does not, it denies with nothing added: the span held
+//! base + current units at the bucket's load, which is a valid point to decide
+//! at as long as `newest` was still `s` after it (read again, as step 4). Every
+//! unusual case goes to the full loop.
 //!
 //! # Retirement
 //!
@@ -89,11 +91,6 @@ const RETIRED: u64 = 1 << 61;
 /// A base count meaning "unknown" (a scan found a newer tag or a tag to
 /// normalise, or the sum does not fit): checks at that slot scan instead.
 const NO_BASE: u32 = u32::MAX;
-/// A hint in `newest`: a strict check was denied in this slot. Checks then sum
-/// first, read-only, and deny without writing when their cost cannot fit (what the
-/// full protocol would decide, with the same numbers), so a flood of denials does
-/// not write the ring's cache lines. Cleared when `newest` advances.
-const SATURATED: u64 = 1 << 62;
 /// Attempts before a check gives up and denies (the safe side). Only reached under
 /// pathological contention or when a resetting thread is descheduled mid-reset.
 const MAX_ATTEMPTS: u32 = 64;
@@ -308,17 +305,18 @@ impl Ring {
         }
     }
 
-    /// The common strict admission, steps 1-4 for one attempt with nothing
-    /// unusual: `now` in the slot `newest` holds, no flag set, the base of that
-    /// slot known, the cost fits. `None` (nothing counted) leaves every other
-    /// case, denials included, to the full protocol.
+    /// The common strict check, steps 1-4 for one attempt with nothing unusual:
+    /// `now` in the slot `newest` holds, no reset or retirement under way, the
+    /// base of that slot known. Adds only when the cost fits; a cost that does
+    /// not fit is denied with nothing added. `None` (nothing counted) leaves
+    /// every other case to the full protocol.
     #[inline]
     fn admit_at_newest(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
         if g.precision != Precision::Strict || cost == 0 {
             return None;
         }
         let s = self.newest.load(SeqCst);
-        if s & (RESETTING | SATURATED | RETIRED) != 0 || !g.not_after(now, s) {
+        if s & (RESETTING | RETIRED) != 0 || !g.not_after(now, s) {
             return None;
         }
         let base = self.base.load(SeqCst);
@@ -332,7 +330,12 @@ impl Ring {
         // is known before it: base + the value the CAS writes.
         let used = count(base) as u64 + current as u64 + cost as u64;
         if used > g.limit as u64 {
-            return None;
+            // Denied with nothing counted, as of the bucket's load, provided `s`
+            // was still the newest slot then (else a later slot may have room).
+            if self.moved_on(s) {
+                return None;
+            }
+            return Some(self.denied_strict(g, s, now, cost, used - cost as u64));
         }
         bucket
             .compare_exchange(cell, pack(s, current + cost), SeqCst, SeqCst)
@@ -348,21 +351,13 @@ impl Ring {
     #[inline(never)]
     fn try_acquire_slow(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
         for _ in 0..MAX_ATTEMPTS {
-            let Some((s, saturated)) = self.enter(g, now) else {
+            let Some(s) = self.enter(g, now) else {
                 if self.is_retired() {
                     return None;
                 }
                 continue;
             };
             let strict = g.precision == Precision::Strict && cost > 0;
-            if saturated && strict {
-                let current = units_at(s, self.bucket(g, s).load(SeqCst)).unwrap_or(0);
-                if let Some(used) = self.span_count(g, s, current) {
-                    if used + cost as u64 > g.limit as u64 && !self.moved_on(s) {
-                        return Some(self.denied_strict(g, s, now, cost, used));
-                    }
-                }
-            }
             let cell = match self.add(g, s, cost) {
                 Add::Added(cell) => cell,
                 Add::Newer => continue,
@@ -379,9 +374,6 @@ impl Ring {
                         return Some(admitted_strict(g, used, s, now, cost));
                     }
                     self.take_back(g, s, cost);
-                    if !saturated {
-                        self.newest.fetch_or(SATURATED, SeqCst);
-                    }
                     return Some(self.denied_strict(g, s, now, cost, used - cost as u64));
                 }
             }
@@ -411,7 +403,6 @@ impl Ring {
                 spin();
                 continue;
             }
-            let newest = newest & !SATURATED;
             if newest & RETIRED != 0 {
                 return allowed(g, &Scan::default(), clock_slot, now).after_cost(cost, g);
             }
@@ -448,34 +439,34 @@ impl Ring {
         self.newest.load(SeqCst) & RETIRED != 0
     }
 
-    /// Step 1: the slot this attempt runs at, published in `newest`, and whether
-    /// the SATURATED hint is set for it; `None` to retry (or when retired).
-    fn enter(&self, g: &Geometry, now: u64) -> Option<(u64, bool)> {
-        let raw = self.newest.load(SeqCst);
-        if raw & RESETTING != 0 {
+    /// Step 1: the slot this attempt runs at, published in `newest`; `None` to
+    /// retry (or when retired).
+    fn enter(&self, g: &Geometry, now: u64) -> Option<u64> {
+        let newest = self.newest.load(SeqCst);
+        if newest & RESETTING != 0 {
             spin();
             return None;
         }
-        if raw & RETIRED != 0 {
+        if newest & RETIRED != 0 {
             return None;
         }
-        let newest = raw & !SATURATED;
         // The common case: the clock is still in (or behind) slot `newest`.
         if g.not_after(now, newest) {
-            return Some((newest, raw & SATURATED != 0));
+            return Some(newest);
         }
         let s = g.slot(now);
         if s - newest <= g.n {
-            // Advancing clears the hint: units may have expired.
-            self.newest.compare_exchange(raw, s, SeqCst, SeqCst).ok()?;
+            self.newest
+                .compare_exchange(newest, s, SeqCst, SeqCst)
+                .ok()?;
             order_write_before_reads();
             self.publish_base(g, s);
-            return Some((s, false));
+            return Some(s);
         }
         // Idle for more than a window: every bucket is stale. Reset them all so no
         // tag older than a window is ever read again (32-bit tags wrap).
         self.newest
-            .compare_exchange(raw, s | RESETTING, SeqCst, SeqCst)
+            .compare_exchange(newest, s | RESETTING, SeqCst, SeqCst)
             .ok()?;
         // Swaps, not stores: every write to a cell is then a read-modify-write, so
         // all writes to it are totally ordered also in loom, which orders a plain
@@ -485,7 +476,7 @@ impl Ring {
         }
         self.base.swap(pack(s, 0), SeqCst);
         self.newest.swap(s, SeqCst);
-        Some((s, false))
+        Some(s)
     }
 
     /// After advancing `newest` to `s`: sum ages `1..=N` and publish them as the
@@ -590,7 +581,7 @@ impl Ring {
     /// since this check read it there.
     #[inline]
     fn moved_on(&self, s: u64) -> bool {
-        self.newest.load(SeqCst) & !SATURATED != s
+        self.newest.load(SeqCst) != s
     }
 
     /// Give back the units of an admitted decision (a cancelled or undone check).
@@ -619,7 +610,7 @@ impl Ring {
     /// wait queue forecasts admission times from it.
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
         let raw = self.newest.load(SeqCst);
-        let newest = raw & !(RESETTING | SATURATED | RETIRED);
+        let newest = raw & !(RESETTING | RETIRED);
         let s = g.slot(now).max(newest);
         let mut counts = vec![0; g.len as usize];
         if s - newest <= g.n && raw & RETIRED == 0 {
@@ -703,23 +694,49 @@ impl Ring {
     /// [`denied`](Self::denied) for strict mode, given the `used` units others hold
     /// in the span: walk from the oldest bucket only until enough units have expired
     /// (usually one or two buckets), and from the youngest until one holds units.
+    #[inline(never)]
     fn denied_strict(&self, g: &Geometry, s: u64, now: u64, cost: u32, used: u64) -> Decision {
         let need = used.saturating_sub((g.limit - cost) as u64);
-        let mut small = [0u64; SMALL_RING];
-        let mut large = Vec::new();
-        let counts = self.counts_into(g, s, &mut small, &mut large);
+        let buckets = self.buckets();
+        let len = buckets.len();
+        let at_s = g.position(s);
+        // The units recorded at slot `s - a`: its bucket lies `a` positions before
+        // `s`'s, and counts only while it holds that slot (a bucket one lap behind
+        // carries a different 32-bit tag, even for the laps before slot 0).
+        let units_of_age = |a: usize| {
+            let p = if at_s >= a { at_s - a } else { at_s + len - a };
+            let cell = buckets[p].load(SeqCst);
+            let tag = (s as u32).wrapping_sub(a as u32);
+            if (cell >> 32) as u32 == tag {
+                count(cell) as u64
+            } else {
+                0
+            }
+        };
         // Units of age N leave the span first, when slot s + 1 begins; the units of
-        // age N - k when slot s + k + 1 does.
-        let mut freed = 0;
+        // age N - k when slot s + k + 1 does; those of age 0 last, when the span
+        // has moved a whole ring on. When the older units cannot free enough (a
+        // burst in this slot), that is the answer without reading them; else read
+        // from the oldest age until enough leave (under steady traffic, one read).
+        let current = units_of_age(0);
+        let older = used.saturating_sub(current);
         let mut fits_at = s + g.len;
-        for (k, c) in (1..).zip(counts.iter().rev()) {
-            freed += c;
-            if freed >= need {
-                fits_at = s + k;
-                break;
+        if older >= need {
+            let mut freed = 0;
+            for k in 1..len {
+                freed += units_of_age(len - k);
+                if freed >= need {
+                    fits_at = s + k as u64;
+                    break;
+                }
             }
         }
-        let youngest = counts.iter().position(|&c| c > 0).map(|a| a as u64);
+        // The youngest age holding units, for the reset.
+        let youngest = if current > 0 {
+            Some(0)
+        } else {
+            (1..len).find(|&a| units_of_age(a) > 0).map(|a| a as u64)
+        };
         let until =
             |slot: u64| Duration::from_nanos(slot.saturating_mul(g.width).saturating_sub(now));
         Decision {
@@ -748,7 +765,7 @@ impl Ring {
 /// Whether a ring whose `newest` word reads `raw` is idle at `now`: more than
 /// `N` slots behind, not being reset, not retired.
 fn idle(g: &Geometry, raw: u64, now: u64) -> bool {
-    raw & (RESETTING | RETIRED) == 0 && g.slot(now).saturating_sub(raw & !SATURATED) > g.n
+    raw & (RESETTING | RETIRED) == 0 && g.slot(now).saturating_sub(raw) > g.n
 }
 
 /// The weighted count of `scan` plus `extra`, scaled by the bucket width so the
@@ -991,26 +1008,28 @@ mod tests {
     }
 
     #[test]
-    fn denials_in_a_saturated_slot_write_nothing_and_undo_still_frees_room() {
+    fn denials_write_nothing_and_undo_still_frees_room() {
         let g = geometry(2, 1000, 10, Precision::Strict);
         let ring = Ring::new(&g, 0);
         let first = ring.acquire(&g, 0, 1);
         assert!(ring.acquire(&g, 0, 1).is_allowed());
+        let words = |r: &Ring| {
+            let mut w: Vec<u64> = r.buckets().iter().map(|c| c.load(SeqCst)).collect();
+            w.push(r.newest.load(SeqCst));
+            w.push(r.base.load(SeqCst));
+            w
+        };
+        let before = words(&ring);
         let denied = ring.acquire(&g, 0, 1);
         assert_eq!(denied.outcome(), Outcome::Denied);
-        assert_ne!(ring.newest.load(SeqCst) & SATURATED, 0);
-        let cells: Vec<u64> = ring.buckets().iter().map(|c| c.load(SeqCst)).collect();
-        // The same denial again, now from the read-only path: identical, no writes.
+        assert_eq!(denied.retry_after(), Some(Duration::from_millis(1100)));
+        // Denials, however many, write nothing.
         assert_eq!(ring.acquire(&g, 0, 1), denied);
-        let after: Vec<u64> = ring.buckets().iter().map(|c| c.load(SeqCst)).collect();
-        assert_eq!(cells, after);
-        // An undo inside the slot frees a unit even though the hint is still set.
+        assert_eq!(words(&ring), before);
+        // An undo inside the slot frees a unit at once.
         ring.undo(&g, &first);
         assert!(ring.acquire(&g, 0, 1).is_allowed());
-        // A newer slot clears the hint (here one where slot 0 has left the span, so
-        // the check passes and does not set it again).
-        assert!(ring.acquire(&g, 1150 * MS, 1).is_allowed());
-        assert_eq!(ring.newest.load(SeqCst) & SATURATED, 0);
+        assert!(!ring.acquire(&g, 0, 1).is_allowed());
     }
 
     #[test]
