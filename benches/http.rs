@@ -4,7 +4,9 @@
 //! Arms, all in one run so the ratios are fair on a noisy machine:
 //! no limiter; this crate with every request allowed; this crate with nearly
 //! every request rejected; tower_governor with the same two settings; each
-//! limiter both routed (`Router::layer`) and in front of the router. Every arm
+//! limiter both routed (`Router::layer`) and in front of the router; and ours
+//! rejecting with no rate-limit headers, to tell the headers' cost (building
+//! them, and the client parsing them) from the rest of a rejection. Every arm
 //! runs beside its own no-limiter run, and each ratio is to that neighbour.
 //!
 //! ```sh
@@ -175,7 +177,7 @@ fn main() {
         .unwrap();
     // "routed": `Router::layer`, the limiter runs after routing, around the handler.
     // "outer": the limiter wraps the whole router, so a rejection skips routing.
-    let arms: [Arm; 11] = [
+    let arms: [Arm; 12] = [
         ("no limiter", |l, c, d| Box::pin(load(l, app(), c, d))),
         ("sliding-window, routed, all allowed", |l, c, d| {
             Box::pin(load(l, app().layer(sliding(u32::MAX, false)), c, d))
@@ -205,6 +207,18 @@ fn main() {
         ("tower_governor, outer, ~all rejected", |l, c, d| {
             Box::pin(load(l, governor(10).layer(app()), c, d))
         }),
+        (
+            "sliding-window, routed, ~all rejected, no rate-limit headers",
+            |l, c, d| {
+                let layer = SlidingWindowLayer::builder(GlobalKey)
+                    .policy(Policy::per(10, Duration::from_secs(3600)).unwrap())
+                    .ietf_headers(false)
+                    .retry_after_header(false)
+                    .build()
+                    .unwrap();
+                Box::pin(load(l, app().layer(layer), c, d))
+            },
+        ),
         ("no limiter (again)", |l, c, d| {
             Box::pin(load(l, app(), c, d))
         }),

@@ -7,8 +7,9 @@ use crate::policy::Policy;
 use crate::store::StoreError;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -93,8 +94,35 @@ pub(crate) fn policy_header<'a>(policies: impl Iterator<Item = &'a Policy>) -> H
             ceil_secs(policy.window())
         );
     }
-    // Printable ASCII by construction.
-    HeaderValue::try_from(value).unwrap_or_else(|_| HeaderValue::from_static(""))
+    interned(value)
+}
+
+/// `value` as a header value backed by a `&'static str`, leaked once per
+/// distinct string for the rest of the program (a layer's `RateLimit-Policy`:
+/// one per configuration). Every rejection carries that value: cloning a static
+/// one copies a pointer, where a value built from a `String` shares one
+/// reference count that every worker thread increments and decrements, a cache
+/// line bouncing between cores. Falls back to an empty value if `value` is not
+/// visible ASCII (never, for the callers here).
+pub(crate) fn interned(value: String) -> HeaderValue {
+    static INTERNED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    if !value
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) || b == b'\t')
+    {
+        return HeaderValue::from_static("");
+    }
+    let mut set = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+    let value: &'static str = match set.get(value.as_str()) {
+        Some(&existing) => existing,
+        None => {
+            let leaked: &'static str = Box::leak(value.into_boxed_str());
+            set.insert(leaked);
+            leaked
+        }
+    };
+    // Visible ASCII, checked above: `from_static` does not panic.
+    HeaderValue::from_static(value)
 }
 
 /// What one response reports: a decision of one of the layer's policies.
@@ -355,6 +383,16 @@ pub(crate) type PolicyName = Arc<str>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interned_values_are_shared_and_invalid_ones_empty() {
+        let a = interned("\"a\";q=1;w=2".to_owned());
+        let b = interned("\"a\";q=1;w=2".to_owned());
+        assert_eq!(a, "\"a\";q=1;w=2");
+        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr());
+        assert_ne!(interned("\"b\";q=1;w=2".to_owned()), a);
+        assert_eq!(interned("caf\u{e9}\n".to_owned()), "");
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero_for_a_wait() {
