@@ -222,9 +222,7 @@ fn rate_limit_value(quoted_name: &str, remaining: u32, t: u64) -> Option<HeaderV
 }
 
 fn integer(n: u64) -> HeaderValue {
-    let mut buf = StackBuf::new();
-    buf.push_decimal(n);
-    HeaderValue::from_bytes(buf.as_slice()).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    HeaderValue::from(n)
 }
 
 /// A small fixed buffer for header values; callers check the length first.
@@ -247,18 +245,8 @@ impl StackBuf {
         self.len = end;
     }
 
-    fn push_decimal(&mut self, mut n: u64) {
-        let mut digits = [0u8; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(&digits[start..]);
+    fn push_decimal(&mut self, n: u64) {
+        self.push(itoa::Buffer::new().format(n).as_bytes());
     }
 
     fn as_slice(&self) -> &[u8] {
