@@ -183,11 +183,30 @@ where
             return crate::waiting::call(self, req, key, cost);
         }
 
+        // One policy admitting the request, the common case: forward it without
+        // the all-or-nothing bookkeeping below (which would decide the same).
+        let mut first = None;
+        if let [limit] = &shared.limits[..] {
+            match limit.store.check_now(&key, cost) {
+                Some(Ok(d)) if d.is_allowed() => {
+                    let headers = shared.mode.allowed_headers(&Report {
+                        decision: d,
+                        quoted_name: &limit.quoted_name,
+                        policy_header: &shared.policy_header,
+                    });
+                    return ResponseFuture::forwarded(self.inner.call(req), headers, M::finish);
+                }
+                answer => first = Some(answer),
+            }
+        }
         let mut answers: Answers = Default::default();
         let mut waiting = false;
         let mut settled = false;
         for (answer, limit) in answers.iter_mut().zip(shared.limits.iter()) {
-            match limit.store.check_now(&key, cost) {
+            match first
+                .take()
+                .unwrap_or_else(|| limit.store.check_now(&key, cost))
+            {
                 Some(result) => {
                     settled |= !matches!(result, Ok(d) if d.is_allowed());
                     *answer = Some(result);
