@@ -2,11 +2,12 @@
 //! and the shared limiters every clone and every service use.
 
 use crate::clock::Clock;
+use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::mode::{ErrorRejection, HttpRejection};
 use crate::policy::Policy;
-use crate::response::{self, PolicyName};
+use crate::response::{self, PolicyName, Report};
 use crate::service::SlidingWindow;
 use crate::store::Store;
 use http::HeaderValue;
@@ -200,6 +201,15 @@ pub(crate) struct Shared<K, X, St, M, Co, Ex> {
 }
 
 impl<K, X, St, M, Co, Ex> Shared<K, X, St, M, Co, Ex> {
+    /// What a response reports for policy `i`'s `decision`.
+    pub(crate) fn report(&self, i: usize, decision: Decision) -> Report<'_> {
+        Report {
+            decision,
+            quoted_name: &self.limits[i].quoted_name,
+            policy_header: &self.policy_header,
+        }
+    }
+
     /// `key` for log events: only when the user opted in.
     pub(crate) fn loggable_key<'a>(&'a self, key: &'a K) -> Option<LoggedKey<'a, K>> {
         self.key_formatter

@@ -106,10 +106,7 @@ pub(crate) fn policy_header<'a>(policies: impl Iterator<Item = &'a Policy>) -> H
 /// visible ASCII (never, for the callers here).
 pub(crate) fn interned(value: String) -> HeaderValue {
     static INTERNED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
-    if !value
-        .bytes()
-        .all(|b| (0x20..0x7f).contains(&b) || b == b'\t')
-    {
+    if HeaderValue::from_str(&value).is_err() {
         return HeaderValue::from_static("");
     }
     let mut set = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
@@ -121,7 +118,7 @@ pub(crate) fn interned(value: String) -> HeaderValue {
             leaked
         }
     };
-    // Visible ASCII, checked above: `from_static` does not panic.
+    // Valid, checked above by the same rule: `from_static` does not panic.
     HeaderValue::from_static(value)
 }
 

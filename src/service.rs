@@ -21,7 +21,7 @@ use crate::layer::{
 };
 use crate::limiter::Limiter;
 use crate::mode::{HttpRejection, Rejection, RejectionMode};
-use crate::response::{RateLimitHeaders, Report};
+use crate::response::RateLimitHeaders;
 use crate::stats::bump;
 use crate::store::{Store, StoreError};
 use std::fmt;
@@ -189,11 +189,7 @@ where
         if let [limit] = &shared.limits[..] {
             match limit.store.check_now(&key, cost) {
                 Some(Ok(d)) if d.is_allowed() => {
-                    let headers = shared.mode.allowed_headers(&Report {
-                        decision: d,
-                        quoted_name: &limit.quoted_name,
-                        policy_header: &shared.policy_header,
-                    });
+                    let headers = shared.mode.allowed_headers(&shared.report(0, d));
                     return ResponseFuture::forwarded(self.inner.call(req), headers, M::finish);
                 }
                 answer => first = Some(answer),
@@ -407,11 +403,7 @@ where
             Some(Ok(d)) => *d,
             _ => Decision::allow_unchecked(0),
         };
-        Report {
-            decision,
-            quoted_name: &shared.limits[i].quoted_name,
-            policy_header: &shared.policy_header,
-        }
+        shared.report(i, decision)
     };
     match verdict {
         Verdict::Allowed(i) => Action::Forward(shared.mode.allowed_headers(&report(i))),
