@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
-//! `ours-hot-auto` (the default clock), `nothing`.
+//! `ours-hot-auto` (the default clock), `layer-{none,ours,governor}[-rejected]`
+//! (requests through the tower layers, as in `benches/layer.rs`), `nothing`.
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
 //! move), except `ours-hot-tokio`, so the clock's share can be told apart.
 
@@ -16,7 +17,7 @@ use governor::{Quota, RateLimiter};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tower_sliding_window::{AutoClock, Clock, Limiter, ManualClock, Policy, TokioClock};
+use tower_sliding_window::{AutoClock, Clock, GlobalKey, Limiter, ManualClock, Policy, TokioClock};
 
 const KEYS: u64 = 100_000;
 
@@ -64,6 +65,73 @@ fn governor(denied: bool, keys: u64, iters: u64) {
     }
 }
 
+type Req = http::Request<axum::body::Body>;
+type Res = http::Response<axum::body::Body>;
+
+/// `iters` requests through `layer` (`None`: no layer) on a service that
+/// answers at once, one after another.
+fn layer<L>(layer: Option<L>, iters: u64)
+where
+    L: tower::Layer<tower::util::BoxCloneService<Req, Res, std::convert::Infallible>>,
+    L::Service: tower::Service<Req, Response = Res>,
+    <L::Service as tower::Service<Req>>::Error: std::fmt::Debug,
+{
+    use tower::{Service, ServiceExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let inner = tower::util::BoxCloneService::new(tower::service_fn(|_req: Req| async {
+        Ok::<_, std::convert::Infallible>(Res::new(axum::body::Body::empty()))
+    }));
+    rt.block_on(async move {
+        match layer {
+            Some(layer) => {
+                let mut svc = layer.layer(inner);
+                for _ in 0..iters {
+                    let req = Req::new(axum::body::Body::empty());
+                    black_box(svc.ready().await.unwrap().call(req).await.unwrap());
+                }
+            }
+            None => {
+                let mut svc = inner;
+                for _ in 0..iters {
+                    let req = Req::new(axum::body::Body::empty());
+                    black_box(svc.ready().await.unwrap().call(req).await.unwrap());
+                }
+            }
+        }
+    })
+}
+
+fn layer_ours(limit: u32) -> tower_sliding_window::SlidingWindowLayer<(), GlobalKey> {
+    tower_sliding_window::SlidingWindowLayer::builder(GlobalKey)
+        .policy(Policy::per(limit, Duration::from_secs(3600)).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn layer_governor(
+    limit: u32,
+) -> tower_governor::GovernorLayer<
+    tower_governor::key_extractor::GlobalKeyExtractor,
+    governor::middleware::NoOpMiddleware,
+    axum::body::Body,
+> {
+    let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+    if limit == u32::MAX {
+        config.per_nanosecond(1);
+    } else {
+        config.per_second(3600);
+    }
+    let config = config
+        .burst_size(limit)
+        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
+        .finish()
+        .unwrap();
+    tower_governor::GovernorLayer::new(std::sync::Arc::new(config))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -90,6 +158,11 @@ fn main() {
         "governor-hot-denied" => governor(true, 1, iters),
         "governor-100k" => governor(false, KEYS, iters),
         "governor-100k-denied" => governor(true, KEYS, iters),
+        "layer-none" => layer(None::<tower::layer::util::Identity>, iters),
+        "layer-ours" => layer(Some(layer_ours(u32::MAX)), iters),
+        "layer-ours-rejected" => layer(Some(layer_ours(1)), iters),
+        "layer-governor" => layer(Some(layer_governor(u32::MAX)), iters),
+        "layer-governor-rejected" => layer(Some(layer_governor(1)), iters),
         "nothing" => {}
         other => eprintln!("unknown workload {other}"),
     }

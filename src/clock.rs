@@ -90,7 +90,7 @@ pub enum TimeSource {
 ///
 /// The choice is made once: a runtime paused after the clock was built is not
 /// followed (build the limiter after pausing, or pass a [`TokioClock`]). The
-/// tower layer's limiters use [`TokioClock`], since their waits are tokio timers.
+/// tower layer's limiters use it too, on tokio's clock when the layer waits.
 ///
 /// ```
 /// use std::time::Duration;
@@ -146,6 +146,14 @@ impl AutoClock {
     #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
     fn outside_paused_tokio(_bucket: Duration) -> AutoInner {
         AutoInner::Precise(std::time::Instant::now())
+    }
+
+    /// tokio's clock, whether or not it is paused: for limiters whose waits are
+    /// tokio timers.
+    pub(crate) fn tokio() -> Self {
+        AutoClock {
+            inner: AutoInner::Tokio(TokioClock::new()),
+        }
     }
 
     /// Where this clock reads the time.

@@ -1,7 +1,7 @@
 //! The layer: configuration, validated once in [`SlidingWindowLayerBuilder::build`],
 //! and the shared limiters every clone and every service use.
 
-use crate::clock::Clock;
+use crate::clock::{AutoClock, Clock};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
@@ -154,7 +154,9 @@ impl<Req> Exemption<Req> for NoExemption {
 }
 
 type KeyFormatter<K> = Arc<dyn Fn(&K, &mut fmt::Formatter<'_>) -> fmt::Result + Send + Sync>;
-type StoreFactory<St> = Box<dyn FnOnce(Vec<Policy>, usize) -> Result<Vec<St>, ConfigError>>;
+/// Builds the in-memory limiters from the policies, `max_keys` and whether the
+/// layer waits (`OnLimit::Wait` / `Backpressure`).
+type StoreFactory<St> = Box<dyn FnOnce(Vec<Policy>, usize, bool) -> Result<Vec<St>, ConfigError>>;
 
 /// Counters the layer keeps beyond the stores' own [`Stats`](crate::Stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -244,7 +246,7 @@ impl<K> fmt::Display for LoggedKey<'_, K> {
 pub struct SlidingWindowLayer<
     K,
     X,
-    St = Limiter<K, crate::TokioClock>,
+    St = Limiter<K, AutoClock>,
     M = HttpRejection,
     Co = crate::layer::UnitCost,
     Ex = crate::layer::NoExemption,
@@ -326,14 +328,18 @@ where
                 error: None,
             },
             stores: Vec::new(),
-            factory: Some(Box::new(|policies, max_keys| {
+            factory: Some(Box::new(|policies, max_keys, waits| {
                 policies
                     .into_iter()
                     .map(|p| {
-                        Limiter::builder(p)
-                            .clock(crate::TokioClock::new())
-                            .max_keys(max_keys)
-                            .build()
+                        // A waiting layer sleeps on tokio timers, so its limiters
+                        // read tokio's clock and a wait ends when the window allows.
+                        let clock = if waits {
+                            AutoClock::tokio()
+                        } else {
+                            AutoClock::for_bucket(p.bucket_width())
+                        };
+                        Limiter::builder(p).clock(clock).max_keys(max_keys).build()
                     })
                     .collect()
             })),
@@ -395,7 +401,7 @@ impl<S, K, X, St, M, Co, Ex> Layer<S> for SlidingWindowLayer<K, X, St, M, Co, Ex
 pub struct SlidingWindowLayerBuilder<
     K,
     X,
-    St = Limiter<K, crate::TokioClock>,
+    St = Limiter<K, AutoClock>,
     M = HttpRejection,
     Co = UnitCost,
     Ex = NoExemption,
@@ -581,7 +587,8 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
                 "policy() builds in-memory limiters and cannot be mixed with store(); \
                  give every policy as a store instead",
             ))?;
-            stores.extend(factory(common.policies, common.max_keys)?);
+            let waits = !common.dry_run && common.on_limit != OnLimit::Reject;
+            stores.extend(factory(common.policies, common.max_keys, waits)?);
         }
         if stores.is_empty() {
             return Err(ConfigError::Invalid("a layer needs at least one policy"));
@@ -649,12 +656,16 @@ where
         self
     }
 
-    /// The clock of the in-memory limiters (default [`TokioClock`](crate::TokioClock)).
+    /// The clock of the in-memory limiters. The default is an [`AutoClock`] per
+    /// policy: tokio's clock when the layer is built in a paused runtime (tests
+    /// drive it with `tokio::time::advance`) or when it waits
+    /// ([`OnLimit::Wait`], [`OnLimit::Backpressure`]: its waits are tokio timers);
+    /// otherwise the cheapest monotonic clock fine enough for the policy's bucket.
     pub fn clock<C2: Clock + Clone>(
         self,
         clock: C2,
     ) -> SlidingWindowLayerBuilder<K, X, Limiter<K, C2>, M, Co, Ex> {
-        let factory: StoreFactory<Limiter<K, C2>> = Box::new(move |policies, max_keys| {
+        let factory: StoreFactory<Limiter<K, C2>> = Box::new(move |policies, max_keys, _| {
             policies
                 .into_iter()
                 .map(|p| {
@@ -864,8 +875,34 @@ mod tests {
         let layer: SlidingWindowLayer<u8, _> = SlidingWindowLayer::new(per_second(5), key).unwrap();
         let clone = layer.clone();
         assert!(Arc::ptr_eq(&layer.shared, &clone.shared));
-        let a: *const Limiter<u8, crate::TokioClock> = layer.stores().next().unwrap();
-        let b: *const Limiter<u8, crate::TokioClock> = clone.stores().next().unwrap();
+        let a: *const Limiter<u8, AutoClock> = layer.stores().next().unwrap();
+        let b: *const Limiter<u8, AutoClock> = clone.stores().next().unwrap();
         assert_eq!(a, b);
+    }
+
+    fn source<X>(layer: &SlidingWindowLayer<u8, X>) -> crate::TimeSource {
+        layer.stores().next().unwrap().clock().source()
+    }
+
+    #[tokio::test]
+    async fn rejecting_layers_read_the_cheap_clock_and_waiting_ones_tokio_time() {
+        let rejecting = SlidingWindowLayer::new(per_second(5), key).unwrap();
+        assert_ne!(source(&rejecting), crate::TimeSource::Tokio);
+
+        let waiting = SlidingWindowLayer::<u8, _>::builder(key)
+            .policy(per_second(5))
+            .on_limit(OnLimit::Wait {
+                max_wait: std::time::Duration::from_secs(1),
+                max_queue: 4,
+            })
+            .build()
+            .unwrap();
+        assert_eq!(source(&waiting), crate::TimeSource::Tokio);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn layers_built_on_paused_time_follow_it() {
+        let rejecting = SlidingWindowLayer::new(per_second(5), key).unwrap();
+        assert_eq!(source(&rejecting), crate::TimeSource::Tokio);
     }
 }

@@ -76,8 +76,9 @@
 //! Decisions use a [`Clock`]. A [`Limiter`]'s default, [`AutoClock`], follows
 //! tokio's clock when built inside a paused tokio runtime (so tests run on paused
 //! time) and otherwise reads the cheapest monotonic clock fine enough for the
-//! policy; the tower layer's limiters use [`TokioClock`], since their waits are
-//! tokio timers. [`ManualClock`] is set by hand; [`CoarseClock`] is opt-in.
+//! policy. The tower layer's limiters use it too, on tokio's clock when the layer
+//! waits (its waits are tokio timers). [`ManualClock`] is set by hand;
+//! [`CoarseClock`] is opt-in.
 //!
 //! # Feature flags
 //!

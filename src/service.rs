@@ -51,7 +51,7 @@ pub struct SlidingWindow<
     S,
     K,
     X,
-    St = Limiter<K, crate::TokioClock>,
+    St = Limiter<K, crate::AutoClock>,
     M = HttpRejection,
     Co = UnitCost,
     Ex = NoExemption,

@@ -51,7 +51,7 @@
 //! # Requirements and memory
 //!
 //! Waits are tokio timers, so they are exact when the limiter's clock is tokio's
-//! ([`TokioClock`](crate::TokioClock), as the tower layer uses; [`AutoClock`](crate::AutoClock)
+//! ([`TokioClock`](crate::TokioClock), as a waiting tower layer uses; [`AutoClock`](crate::AutoClock)
 //! in a paused runtime). With another monotonic clock a wait is measured as a
 //! duration from that clock's reading, so it is never early; a clock that lags
 //! (the coarse one) can make the head wake up to one of its ticks late, or check
