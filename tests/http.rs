@@ -324,7 +324,8 @@ async fn grpc_requests_get_a_trailers_only_resource_exhausted() {
     assert!((1..=5334).contains(&pushback), "{pushback}");
 }
 
-/// Window rollover on tokio's paused clock: the default `TokioClock` follows it.
+/// Window rollover on tokio's paused clock: the default clock, built on paused
+/// time, follows it.
 /// The router is called in-process so no socket timer can auto-advance time.
 #[tokio::test(start_paused = true)]
 async fn window_rolls_over_on_paused_time() {
