@@ -237,8 +237,9 @@ impl<K> fmt::Display for LoggedKey<'_, K> {
 /// Built once, with [`new`](SlidingWindowLayer::new) or
 /// [`builder`](SlidingWindowLayer::builder); the limiters are created then.
 /// Clones of the layer and every service it makes share them, so the limit holds
-/// across connections even though `axum::serve` and hyper call
-/// [`Layer::layer`] once per connection.
+/// across connections, though `axum::serve` and hyper clone the service for
+/// each connection (and a stack built per connection calls [`Layer::layer`]
+/// each time).
 ///
 /// The type parameters are inferred: `K` is the key type, `X` the extractor,
 /// `St` the store (the in-memory [`Limiter`] by default), `M` the rejection mode
@@ -458,6 +459,12 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
     /// forwarded, logged at INFO and counted in [`LayerStats::dry_run_rejections`].
     /// For rolling out a new limit safely. A request one policy would deny
     /// consumes nothing from the others, exactly as when enforcing.
+    ///
+    /// In HTTP mode every forwarded response carries the rate-limit headers (as
+    /// with [`headers_on_allowed(true)`](Self::headers_on_allowed)), so a would-be
+    /// rejection shows `r=0`. A request without a key is forwarded too, whatever
+    /// [`MissingKey`] says (and counted in [`LayerStats::key_missing`]), so a
+    /// misconfigured extractor shows in the stats and logs before it blocks anyone.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.common.dry_run = dry_run;
         self
@@ -580,7 +587,11 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
         if let Some(error) = common.error {
             return Err(error);
         }
-        self.mode.validate()?;
+        let mut mode = self.mode;
+        mode.validate()?;
+        if common.dry_run {
+            mode.headers_on_every_response();
+        }
         let mut stores = self.stores;
         if !common.policies.is_empty() {
             let factory = self.factory.ok_or(ConfigError::Invalid(
@@ -622,7 +633,7 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
                 extractor: common.extractor,
                 limits: limits.into_boxed_slice(),
                 policy_header,
-                mode: self.mode,
+                mode,
                 cost: self.cost,
                 exempt: self.exempt,
                 missing_key: common.missing_key,

@@ -24,8 +24,12 @@ pub enum Rejection<'a> {
 pub(crate) mod sealed {
     use super::*;
 
-    pub trait Validate {
+    pub trait Configure {
         fn validate(&self) -> Result<(), ConfigError>;
+
+        /// Dry run: every forwarded response carries the headers a client would
+        /// have paced itself by (HTTP mode).
+        fn headers_on_every_response(&mut self) {}
     }
 
     pub trait Mode<Req, S: Service<Req>>: Send + Sync + 'static {
@@ -70,9 +74,9 @@ where
 }
 
 /// A rejection mode's settings, checked when the layer is built (sealed).
-pub trait ModeConfig: sealed::Validate {}
+pub trait ModeConfig: sealed::Configure {}
 
-impl<T: sealed::Validate> ModeConfig for T {}
+impl<T: sealed::Configure> ModeConfig for T {}
 
 /// Answer rejected `http::Request`s with a response (the default mode). The
 /// response body is the inner service's (`ResBody: Default`) and the error type
@@ -88,7 +92,8 @@ impl<T: sealed::Validate> ModeConfig for T {}
 /// | store down (fails closed) | 503 with `Retry-After` | `grpc-status: 14` UNAVAILABLE |
 ///
 /// gRPC rejections are "trailers-only": the status travels in the response
-/// headers of an empty body, which gRPC clients read as the call's status. A
+/// headers of an empty body, which gRPC clients read as the call's status. The
+/// response's `content-type` is the request's (so gRPC-web stays gRPC-web). A
 /// bare HTTP 429 would reach them as UNAVAILABLE.
 ///
 /// # Headers
@@ -96,7 +101,8 @@ impl<T: sealed::Validate> ModeConfig for T {}
 /// All values are valid RFC 9651 structured fields. Rejections carry them;
 /// allowed responses carry them only with
 /// [`headers_on_allowed(true)`](crate::SlidingWindowLayerBuilder::headers_on_allowed)
-/// (never `Retry-After`).
+/// or in a [`dry_run`](crate::SlidingWindowLayerBuilder::dry_run) (never
+/// `Retry-After`).
 ///
 /// | header | value |
 /// |---|---|
@@ -147,7 +153,11 @@ impl<B: Default> RejectResponse<B> for DefaultResponse {
     }
 }
 
-impl<H> sealed::Validate for HttpRejection<H> {
+impl<H> sealed::Configure for HttpRejection<H> {
+    fn headers_on_every_response(&mut self) {
+        self.options.on_allowed = true;
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let status = self.options.status;
         if !(status.is_client_error() || status.is_server_error()) {
@@ -201,12 +211,12 @@ where
         req: &Request<ReqBody>,
         rejection: Rejection<'_>,
     ) -> Result<Response<ResBody>, S::Error> {
-        let grpc = response::is_grpc(req.headers());
+        let grpc = response::grpc_content_type(req.headers());
         Ok(match rejection {
             Rejection::Limited(report, name) => {
                 let headers = RateLimitHeaders::new(&self.options, &report, true);
-                if grpc {
-                    response::grpc_limited(&self.options, &report, headers)
+                if let Some(content_type) = grpc {
+                    response::grpc_limited(content_type, &self.options, &report, headers)
                 } else if H::CUSTOM {
                     let limited = RateLimited::new(report.decision, PolicyName::clone(name));
                     let mut response = self.hook.respond(&limited);
@@ -228,7 +238,7 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ErrorRejection;
 
-impl sealed::Validate for ErrorRejection {
+impl sealed::Configure for ErrorRejection {
     fn validate(&self) -> Result<(), ConfigError> {
         Ok(())
     }

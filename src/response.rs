@@ -302,11 +302,13 @@ impl StackBuf {
     }
 }
 
-/// True for gRPC requests (`content-type: application/grpc`, `application/grpc+proto`, …).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+/// The content type of a gRPC request (`application/grpc`,
+/// `application/grpc+proto`, `application/grpc-web…`), which its rejection
+/// answers with: a gRPC-web client then reads the status as gRPC-web.
+pub(crate) fn grpc_content_type(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers
         .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .filter(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The plain HTTP response for a rate-limited request.
@@ -322,10 +324,15 @@ pub(crate) fn limited<B: Default>(
 
 /// A gRPC "trailers-only" response: HTTP 200 whose headers carry the status, so
 /// the client sees `code` instead of mapping a bare HTTP error to UNAVAILABLE.
-pub(crate) fn grpc<B: Default>(code: u8, message: &str, pushback: Option<i32>) -> Response<B> {
+pub(crate) fn grpc<B: Default>(
+    content_type: &HeaderValue,
+    code: u8,
+    message: &str,
+    pushback: Option<i32>,
+) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, content_type.clone());
     headers.insert(GRPC_STATUS.clone(), HeaderValue::from(i32::from(code)));
     if let Ok(value) = HeaderValue::try_from(grpc_percent_encode(message)) {
         headers.insert(GRPC_MESSAGE.clone(), value);
@@ -338,6 +345,7 @@ pub(crate) fn grpc<B: Default>(code: u8, message: &str, pushback: Option<i32>) -
 
 /// The gRPC response for a rate-limited request.
 pub(crate) fn grpc_limited<B: Default>(
+    content_type: &HeaderValue,
     options: &HeaderOptions,
     report: &Report<'_>,
     headers: RateLimitHeaders,
@@ -363,18 +371,26 @@ pub(crate) fn grpc_limited<B: Default>(
         ),
     };
     let pushback = pushback.filter(|_| options.grpc_retry_pushback);
-    let mut response = grpc(options.grpc_status, &message, pushback);
+    let mut response = grpc(content_type, options.grpc_status, &message, pushback);
     headers.write_to(response.headers_mut());
     response
 }
 
 /// The answer when the store could not decide and fails closed: 503 (HTTP) or
 /// UNAVAILABLE (gRPC), with `Retry-After`.
-pub(crate) fn store_unavailable<B: Default>(grpc_request: bool, error: &StoreError) -> Response<B> {
+pub(crate) fn store_unavailable<B: Default>(
+    grpc_request: Option<&HeaderValue>,
+    error: &StoreError,
+) -> Response<B> {
     let wait = ceil_secs(error.retry_after()).max(1);
-    if grpc_request {
+    if let Some(content_type) = grpc_request {
         let ms = i32::try_from(wait.saturating_mul(1000)).unwrap_or(i32::MAX);
-        return grpc(GRPC_UNAVAILABLE, "rate limiter unavailable", Some(ms));
+        return grpc(
+            content_type,
+            GRPC_UNAVAILABLE,
+            "rate limiter unavailable",
+            Some(ms),
+        );
     }
     let mut response = Response::new(B::default());
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -386,9 +402,13 @@ pub(crate) fn store_unavailable<B: Default>(grpc_request: bool, error: &StoreErr
 
 /// The answer to a request without a key under [`MissingKey::Reject`](crate::MissingKey::Reject):
 /// the rejection status (gRPC: the rejection code), no rate-limit headers.
-pub(crate) fn key_missing<B: Default>(options: &HeaderOptions, grpc_request: bool) -> Response<B> {
-    if grpc_request {
+pub(crate) fn key_missing<B: Default>(
+    options: &HeaderOptions,
+    grpc_request: Option<&HeaderValue>,
+) -> Response<B> {
+    if let Some(content_type) = grpc_request {
         return grpc(
+            content_type,
             options.grpc_status,
             "no rate-limit key for this request",
             None,
@@ -489,13 +509,12 @@ mod tests {
     #[test]
     fn recognises_grpc_content_types() {
         let mut h = HeaderMap::new();
-        assert!(!is_grpc(&h));
-        h.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc+proto"),
-        );
-        assert!(is_grpc(&h));
+        assert!(grpc_content_type(&h).is_none());
+        for grpc in ["application/grpc+proto", "application/grpc-web+proto"] {
+            h.insert(CONTENT_TYPE, HeaderValue::from_static(grpc));
+            assert_eq!(grpc_content_type(&h).unwrap(), grpc);
+        }
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        assert!(!is_grpc(&h));
+        assert!(grpc_content_type(&h).is_none());
     }
 }

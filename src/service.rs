@@ -170,6 +170,10 @@ where
                 }
                 MissingKey::Reject => {
                     bump(&shared.counters.key_missing);
+                    if shared.dry_run {
+                        tracing::info!("rate limit (dry run): request has no key, would reject");
+                        return ResponseFuture::forwarded(self.inner.call(req), None, M::finish);
+                    }
                     tracing::debug!("rate limit: request has no key, rejected");
                     return ResponseFuture::rejected(
                         shared.mode.reject(&req, Rejection::KeyMissing),

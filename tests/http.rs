@@ -324,6 +324,50 @@ async fn grpc_requests_get_a_trailers_only_resource_exhausted() {
     assert!((1..=5334).contains(&pushback), "{pushback}");
 }
 
+#[tokio::test]
+async fn header_options_switch_fields_off_and_set_the_grpc_code() {
+    let layer = SlidingWindowLayer::builder(api_key)
+        .policy(policy("opts", 1, Duration::from_secs(30)))
+        .ietf_headers(false)
+        .retry_after_header(false)
+        .legacy_headers(true)
+        .headers_on_allowed(true)
+        .grpc_status(14)
+        .grpc_retry_pushback(false)
+        .build()
+        .unwrap();
+    let addr = serve(app().layer(layer)).await;
+
+    // Allowed: only the legacy fields, since the IETF ones are off.
+    let ok = send(addr, &[("x-api-key", "plain")]).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(header(&ok, "x-ratelimit-remaining"), Some("0"));
+    assert!(header(&ok, "ratelimit").is_none());
+    assert!(header(&ok, "ratelimit-policy").is_none());
+
+    let limited = send(addr, &[("x-api-key", "plain")]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&limited, "x-ratelimit-limit"), Some("1"));
+    for absent in ["retry-after", "ratelimit", "ratelimit-policy"] {
+        assert!(header(&limited, absent).is_none(), "{absent}");
+    }
+
+    // gRPC-web: the configured code, no pushback, the request's content type.
+    let web = [
+        ("x-api-key", "web"),
+        ("content-type", "application/grpc-web+proto"),
+    ];
+    assert_eq!(send(addr, &web).await.status(), StatusCode::OK);
+    let limited = send(addr, &web).await;
+    assert_eq!(limited.status(), StatusCode::OK);
+    assert_eq!(header(&limited, "grpc-status"), Some("14"));
+    assert_eq!(
+        header(&limited, "content-type"),
+        Some("application/grpc-web+proto")
+    );
+    assert!(header(&limited, "grpc-retry-pushback-ms").is_none());
+}
+
 /// Window rollover on tokio's paused clock: the default clock, built on paused
 /// time, follows it.
 /// The router is called in-process so no socket timer can auto-advance time.
@@ -376,8 +420,9 @@ async fn plain_hyper_server_shares_the_limit_across_connections() {
     use std::convert::Infallible;
     use tower::ServiceBuilder;
 
-    let peer = |req: &Request<Incoming>| req.extensions().get::<SocketAddr>().map(|a| a.ip());
-    let layer = SlidingWindowLayer::new(policy("hyper", 3, Duration::from_secs(60)), peer).unwrap();
+    // PeerIp reads the SocketAddr extension the accept loop inserts.
+    let layer = SlidingWindowLayer::new(policy("hyper", 3, Duration::from_secs(60)), PeerIp::new())
+        .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

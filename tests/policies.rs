@@ -133,27 +133,54 @@ async fn cost_exemption_and_cost_above_the_limit() {
 
 #[tokio::test(start_paused = true)]
 async fn dry_run_decides_and_counts_but_never_blocks() {
+    // No headers_on_allowed: a dry run sets the headers by itself.
     let layer = SlidingWindowLayer::builder(GlobalKey)
         .policy(policy("trial", 2, Duration::from_secs(60)))
         .dry_run(true)
-        .headers_on_allowed(true)
         .build()
         .unwrap();
     let stats = layer.clone();
     let mut svc = layer.layer(ok_service());
-    let mut last = None;
+    let mut rates = Vec::new();
     for _ in 0..5 {
         let (s, rate) = status(&mut svc, request("u")).await;
         assert_eq!(s, StatusCode::OK);
-        last = rate;
+        rates.push(rate.expect("a dry run sets RateLimit on every response"));
     }
-    assert!(
-        last.unwrap().contains(";r=0;"),
-        "headers still tell the truth"
-    );
+    assert!(rates[0].starts_with("\"trial\";r=1;"), "{}", rates[0]);
+    assert!(rates[4].contains(";r=0;"), "headers still tell the truth");
     assert_eq!(stats.stats().dry_run_rejections, 3);
     let limiter = stats.stores().next().unwrap().stats();
     assert_eq!((limiter.admitted, limiter.rejected), (2, 3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_forwards_requests_without_a_key_and_counts_them() {
+    // The default MissingKey::Reject would answer 429; a dry run only counts it.
+    let layer = SlidingWindowLayer::builder(user)
+        .policy(policy("trial", 2, Duration::from_secs(60)))
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let mut svc = layer.layer(ok_service());
+    let keyless = Request::builder().body(String::new()).unwrap();
+    let (s, rate) = status(&mut svc, keyless).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(rate, None, "no key, no count to report");
+    assert_eq!(stats.stats().key_missing, 1);
+
+    // Enforcing, the same request is rejected.
+    let enforcing = SlidingWindowLayer::builder(user)
+        .policy(policy("trial", 2, Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let mut svc = enforcing.layer(ok_service());
+    let keyless = Request::builder().body(String::new()).unwrap();
+    assert_eq!(
+        status(&mut svc, keyless).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -54,8 +54,8 @@ where
     (response.status(), rate)
 }
 
-/// Serve `app` on an ephemeral 127.0.0.1 port with `axum::serve` (which calls
-/// `Layer::layer` again for every accepted connection), with the peer address
+/// Serve `app` on an ephemeral 127.0.0.1 port with `axum::serve` (which clones
+/// the router's services for every accepted connection), with the peer address
 /// as `ConnectInfo`.
 pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
