@@ -49,8 +49,9 @@ const MAX_PARTITIONS: usize = 256;
 /// one check per bucket width sweeps one partition of the map, so no request ever
 /// pays for a full sweep and no background task is needed.
 ///
-/// **At `max_keys`:** a check for a key that is not yet tracked first sweeps one
-/// partition for idle keys; if the limiter is still full, the key shares one
+/// **At `max_keys`:** the first check in each bucket width for a key that is not
+/// yet tracked sweeps one partition for idle keys (the rest of a flood of new
+/// keys pays no sweep); if the limiter is still full, the key shares one
 /// overflow ring (same policy) with every other untracked key. Tracked keys are
 /// never evicted while they hold counts in the window, so flooding the limiter with
 /// new keys can never erase, and so reset, a heavy user's count. The flood only
@@ -64,7 +65,10 @@ const MAX_PARTITIONS: usize = 256;
 /// nanoseconds a read; reading the precise clock was the largest single cost of a
 /// check), or the precise one when the policy's buckets are too narrow for it.
 /// [`LimiterBuilder::clock`] picks another ([`TokioClock`](crate::TokioClock),
-/// [`ManualClock`](crate::ManualClock), or any [`Clock`]).
+/// [`ManualClock`](crate::ManualClock), or any [`Clock`]). A reading later than
+/// 2^60 bucket widths after the clock's origin (or within a few windows of the
+/// end of the u64 nanosecond range) is held there: only a hand-set clock gets
+/// that far, and the limiter then sees time stand still instead of wrapping.
 ///
 /// ```
 /// use std::time::Duration;
@@ -96,6 +100,8 @@ pub struct Limiter<K, C = AutoClock> {
     /// Start (in clock nanoseconds) of the slot at which the next sweep step is
     /// due: kept in nanoseconds so the per-check test needs no division.
     next_sweep_at: AtomicU64,
+    /// Like `next_sweep_at`, for the sweep a new key makes at the cap.
+    full_sweep_at: AtomicU64,
     sweep_cursor: AtomicUsize,
     /// The newest clock reading any sweep judged idleness at. A ring created after
     /// its key was evicted starts no earlier, so a check that read the clock before
@@ -149,7 +155,7 @@ impl<C> LimiterBuilder<C> {
             return Err(ConfigError::ZeroMaxKeys);
         }
         let geometry = Geometry::new(&self.policy);
-        let now = self.clock.now_nanos();
+        let now = geometry.hold(self.clock.now_nanos());
         let next_sweep_at = next_slot_start(now, self.policy.bucket_nanos());
         let partitions = (self.max_keys / KEYS_PER_PARTITION)
             .next_power_of_two()
@@ -168,6 +174,7 @@ impl<C> LimiterBuilder<C> {
             max_keys: self.max_keys,
             keys: AtomicUsize::new(0),
             next_sweep_at: AtomicU64::new(next_sweep_at),
+            full_sweep_at: AtomicU64::new(0),
             sweep_cursor: AtomicUsize::new(0),
             swept_at: AtomicU64::new(now),
             overflow_drained_at: AtomicU64::new(0),
@@ -214,7 +221,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// limit is [`Outcome::CostExceedsLimit`](crate::Outcome::CostExceedsLimit):
     /// it can never pass, so it is not a wait.
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
-        let now = self.clock.now_nanos();
+        let now = self.now();
         let decision = self.decide(key, cost, now);
         self.counters.record(decision.is_allowed());
         self.maybe_sweep(now);
@@ -223,11 +230,16 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 
     /// What `check_n(key, cost)` would decide now, without counting anything.
     pub fn peek(&self, key: &K, cost: u32) -> Decision {
-        let now = self.clock.now_nanos();
+        let now = self.now();
         let g = &self.geometry;
         let fits = if cost > g.limit() { 0 } else { cost };
         let decision = match self.partition(key).map.pin().get(key) {
             Some(ring) => ring.peek(g, now, fits),
+            None if self.untracked_go_to_overflow(now) => {
+                let mut d = self.overflow.peek(g, now, fits);
+                d.overflow = true;
+                d
+            }
             None => Ring::new(g, now).peek(g, now, fits),
         };
         if cost > g.limit() {
@@ -291,7 +303,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// Sweep every partition for idle keys now. Never needed for correctness or
     /// memory (the limiter sweeps by itself); useful before reading stats.
     pub fn evict_idle(&self) -> usize {
-        let now = self.clock.now_nanos();
+        let now = self.now();
         (0..self.partitions.len())
             .map(|p| self.sweep_partition(p, now))
             .sum()
@@ -301,7 +313,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// Nothing is counted.
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
-        let now = self.clock.now_nanos();
+        let now = self.now();
         let (slot, counts) = match self.partition(key).map.pin().get(key) {
             Some(ring) => ring.counts_by_age(g, now),
             None => (g.slot(now), vec![0; g.buckets() as usize + 1]),
@@ -317,7 +329,13 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// True while an admitted `decision` was counted in the current bucket, so
     /// spending it now keeps the window guarantee for the instant it is spent.
     pub(crate) fn is_current(&self, decision: &Decision) -> bool {
-        decision.slot >= self.geometry.slot(self.clock.now_nanos())
+        decision.slot >= self.geometry.slot(self.now())
+    }
+
+    /// The clock's reading, held where the slot arithmetic ends ([`Geometry::hold`]).
+    #[inline]
+    fn now(&self) -> u64 {
+        self.geometry.hold(self.clock.now_nanos())
     }
 
     fn partition(&self, key: &K) -> &Partition<K> {
@@ -387,18 +405,41 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         d
     }
 
-    /// Reserve room for one more key, sweeping one partition if the cap is reached.
+    /// Reserve room for one more key. At the cap, the first new key in each
+    /// bucket width sweeps one partition for idle keys and tries again; the
+    /// others go straight to the overflow ring, so a flood of new keys does not
+    /// buy a sweep per request (no ring turns idle until a bucket passes anyway).
     fn reserve_key(&self, now: u64) -> bool {
-        for attempt in 0..2 {
-            if self.keys.fetch_add(1, Relaxed) < self.max_keys {
-                return true;
-            }
-            self.keys.fetch_sub(1, Relaxed);
-            if attempt == 0 {
-                self.sweep_step(now);
-            }
+        if self.try_reserve_key() {
+            return true;
+        }
+        let due = self.full_sweep_at.load(Relaxed);
+        let next = next_slot_start(now, self.policy.bucket_nanos());
+        if now >= due
+            && self
+                .full_sweep_at
+                .compare_exchange(due, next, Relaxed, Relaxed)
+                .is_ok()
+        {
+            self.sweep_step(now);
+            return self.try_reserve_key();
         }
         false
+    }
+
+    fn try_reserve_key(&self) -> bool {
+        if self.keys.fetch_add(1, Relaxed) < self.max_keys {
+            return true;
+        }
+        self.keys.fetch_sub(1, Relaxed);
+        false
+    }
+
+    /// Whether a key that is not tracked would be counted in the overflow ring
+    /// now (the cap is reached, or the ring still holds units in the window).
+    fn untracked_go_to_overflow(&self, now: u64) -> bool {
+        self.keys.load(Relaxed) >= self.max_keys
+            || self.geometry.slot(now) < self.overflow_drained_at.load(SeqCst)
     }
 
     /// Once per bucket width, the first check to notice sweeps one partition.
@@ -589,6 +630,75 @@ mod tests {
         assert!(l.check(&2).is_allowed());
         assert_eq!(l.stats().keys_tracked, 1);
         assert_eq!(l.usage(&2).used, 1);
+    }
+
+    #[test]
+    fn keys_in_the_overflow_ring_are_peeked_there() {
+        let (l, clock) = limiter(3, 1);
+        assert!(l.check(&1).is_allowed());
+        clock.set(500_000_000);
+        for _ in 0..3 {
+            assert!(l.check(&2).is_allowed());
+        }
+        // Key 2 is untracked, but its units are in the overflow ring.
+        let peeked = l.peek(&2, 1);
+        assert_eq!(peeked.outcome(), Outcome::Denied);
+        assert_eq!(l.usage(&2).used, 3);
+        assert_eq!(l.check(&2).outcome(), peeked.outcome());
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_at_the_cap_sweeps_once_per_bucket() {
+        let (l, clock) = limiter(1_000, 1);
+        assert!(l.check(&0).is_allowed());
+        clock.set(100_000_000);
+        let sweeps_before = l.sweep_cursor.load(Relaxed);
+        for key in 1..=1_000 {
+            l.check(&key);
+        }
+        // One sweep for the new bucket (`maybe_sweep`) and one by the first new
+        // key at the cap, not one per new key.
+        assert!(l.sweep_cursor.load(Relaxed) - sweeps_before <= 2);
+        assert_eq!(l.stats().overflowed, 1_000);
+        // In the next bucket, the first new key may sweep again.
+        clock.set(200_000_000);
+        let before = l.sweep_cursor.load(Relaxed);
+        l.check(&5_000);
+        l.check(&5_001);
+        assert_eq!(l.sweep_cursor.load(Relaxed) - before, 2);
+    }
+
+    #[test]
+    fn a_clock_past_the_slot_range_is_held_not_wrapped() {
+        // 1 ns buckets: the flag bits of a slot would be reached at 2^61 ns.
+        let clock = ManualClock::new();
+        let policy = Policy::builder()
+            .limit(2)
+            .window(Duration::from_nanos(16))
+            .buckets(16)
+            .build()
+            .unwrap();
+        let l: Limiter<u64, ManualClock> = Limiter::builder(policy)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        clock.set(1 << 61);
+        let d = l.check(&1);
+        assert!(d.is_allowed());
+        assert!(
+            d.reset() > Duration::ZERO,
+            "an admitted unit is in the window"
+        );
+        assert!(l.check(&1).is_allowed());
+        assert!(!l.check(&1).is_allowed());
+        // Later readings are held at the same instant: the window stays full.
+        for now in [u64::MAX - 5, u64::MAX] {
+            clock.set(now);
+            let d = l.check(&1);
+            assert_eq!(d.outcome(), Outcome::Denied, "time stands still at {now}");
+            assert!(d.retry_after().is_some_and(|w| w > Duration::ZERO));
+        }
+        assert_eq!(l.stats().keys_tracked, 1);
     }
 
     #[test]

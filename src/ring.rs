@@ -86,6 +86,8 @@ use crate::sync::{order_write_before_reads, spin, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 const RESETTING: u64 = 1 << 63;
+/// Slots below this never reach the flag bits of `newest` (see [`Geometry::hold`]).
+const MAX_SLOT: u64 = (1 << 60) - 1;
 /// Set for good when the ring is retired; see the module docs.
 const RETIRED: u64 = 1 << 61;
 /// A base count meaning "unknown" (a scan found a newer tag or a tag to
@@ -114,19 +116,36 @@ pub(crate) struct Geometry {
     /// `len - 1` when `len` is a power of two (the default 16), else 0: positions
     /// are then a mask, not a division.
     mask: u64,
+    /// The latest clock reading taken as is ([`Geometry::hold`]).
+    max_now: u64,
 }
 
 impl Geometry {
     pub(crate) fn new(policy: &Policy) -> Geometry {
         let n = policy.buckets() as u64;
+        let width = policy.bucket_nanos();
         Geometry {
             n,
             len: n + 1,
-            width: policy.bucket_nanos(),
+            width,
             limit: policy.limit(),
             precision: policy.precision(),
             mask: if (n + 1).is_power_of_two() { n } else { 0 },
+            // Slots stay below the ring's flag bits, and the end of the window
+            // after any slot still fits in a u64 of nanoseconds.
+            max_now: MAX_SLOT
+                .saturating_mul(width)
+                .min(u64::MAX.saturating_sub((n + 2).saturating_mul(width))),
         }
+    }
+
+    /// `now`, held at the last instant the slot arithmetic covers: 2^60 bucket
+    /// widths, or (n + 2) bucket widths before the end of the u64 nanosecond
+    /// range, whichever comes first (at least 36 years after the clock's origin).
+    /// A clock that reads later (only a hand-set one can) stands still there.
+    #[inline]
+    pub(crate) fn hold(&self, now: u64) -> u64 {
+        now.min(self.max_now)
     }
 
     #[inline]
