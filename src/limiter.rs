@@ -633,6 +633,21 @@ mod tests {
     }
 
     #[test]
+    fn peek_reports_what_the_check_would() {
+        let (l, clock) = limiter(5, 10);
+        clock.set(200_000_000);
+        // A fresh key, then one with older units in the window.
+        for _ in 0..2 {
+            let peeked = l.peek(&1, 2);
+            let checked = l.check_n(&1, 2);
+            assert_eq!(peeked.outcome(), checked.outcome());
+            assert_eq!(peeked.remaining(), checked.remaining());
+            assert_eq!(peeked.reset(), checked.reset());
+            clock.set(700_000_000);
+        }
+    }
+
+    #[test]
     fn keys_in_the_overflow_ring_are_peeked_there() {
         let (l, clock) = limiter(3, 1);
         assert!(l.check(&1).is_allowed());

@@ -423,11 +423,12 @@ impl Ring {
                 continue;
             }
             if newest & RETIRED != 0 {
-                return allowed(g, &Scan::default(), clock_slot, now).after_cost(cost, g);
+                return allowed(g, &Scan::default(), clock_slot, now)
+                    .after_cost(cost, g, clock_slot, now);
             }
             let s = clock_slot.max(newest);
             if s - newest > g.n {
-                return allowed(g, &Scan::default(), s, now).after_cost(cost, g);
+                return allowed(g, &Scan::default(), s, now).after_cost(cost, g, s, now);
             }
             let scan = self.scan(g, s);
             // A reset may have erased buckets this scan counted: read again.
@@ -435,7 +436,7 @@ impl Ring {
                 continue;
             }
             if fits(g, &scan, s, now, cost as u64) {
-                return allowed(g, &scan, s, now).after_cost(cost, g);
+                return allowed(g, &scan, s, now).after_cost(cost, g, s, now);
             }
             return self.denied(g, s, now, cost);
         }
@@ -847,11 +848,12 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
 }
 
 impl Decision {
-    /// For peeks: the state as if `cost` had been counted.
-    fn after_cost(mut self, cost: u32, g: &Geometry) -> Decision {
+    /// For peeks: the state as if `cost` had been counted at slot `s`, where the
+    /// check would count it (its units would then be the youngest in the window).
+    fn after_cost(mut self, cost: u32, g: &Geometry, s: u64, now: u64) -> Decision {
         self.remaining = self.remaining.saturating_sub(cost);
-        if cost > 0 && self.reset.is_zero() {
-            self.reset = Duration::from_nanos(g.width * (g.n + 1));
+        if cost > 0 {
+            self.reset = g.nanos_until((s + g.len) as u128 * g.width as u128, now);
         }
         self
     }
@@ -960,15 +962,43 @@ mod tests {
     }
 
     #[test]
+    fn a_tag_aged_in_a_ring_in_use_is_normalised_and_never_counted() {
+        // A ring in steady use whose bucket at one position was last written
+        // 2^30 slots ago (as when a key is checked on a pattern that skips a
+        // position for that long; replaying 2^30 slots here would take minutes):
+        // the next scan must neither count it nor let its tag age further.
+        let g = geometry(100, 30, 3, Precision::Strict); // 10 ms slots, ring of 4
+        let slot = |s: u64| s * 10 * MS;
+        let ring = Ring::new(&g, slot(1_000));
+        for s in 1_000..1_004 {
+            assert!(ring.acquire(&g, slot(s), 1).is_allowed());
+        }
+        // Slot 1001's bucket, as if last written 2^30 + 3 slots before slot 1004,
+        // with a count that would deny everything if it were read.
+        let aged = (1_004u64).wrapping_sub(NORMALIZE_AGE as u64 + 3);
+        ring.bucket(&g, 1_001).store(pack(aged, 99), SeqCst);
+
+        // Entering slot 1004 scans the window (slots 1001..=1004).
+        let d = ring.acquire(&g, slot(1_004), 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 100 - 3, "slots 1002, 1003 and 1004 only");
+        let cell = ring.bucket(&g, 1_001).load(SeqCst);
+        let age = (1_004u32).wrapping_sub((cell >> 32) as u32);
+        assert!(age < NORMALIZE_AGE as u32, "rewritten to a fresh stale tag");
+        assert_eq!(count(cell), 0);
+        assert!(age as u64 > g.n, "and still stale");
+    }
+
+    #[test]
     fn long_sparse_use_never_lets_a_tag_drift_into_ambiguity() {
-        // Touch the key every N slots so it is never idle, but some bucket positions
-        // are never written: their tags age until normalized.
+        // The key goes idle between checks 4096 windows apart: each check starts
+        // the window afresh, and every untouched tag only grows staler.
         let g = geometry(1_000, 30, 3, Precision::Strict); // 10 ms slots, len 4
         let ring = Ring::new(&g, 0);
         let step = 3 * 10 * MS;
         let mut t = 0u64;
         for _ in 0..5 {
-            ring.acquire(&g, t, 1);
+            assert_eq!(ring.acquire(&g, t, 1).remaining(), 999);
             t += step * (1 << 12);
         }
         // Far later, the ring still reads correctly.
