@@ -258,6 +258,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// once. Later, they free room from the next bucket on: until then checks
     /// count the older buckets from a total taken when the key entered its newest
     /// bucket (an over-count, the safe side).
+    ///
+    /// Undo a decision **once**, and only for the key it was made for. A
+    /// [`Decision`] is a plain value (`Copy`) and carries no record of having been
+    /// undone: giving the same units back twice frees room that other requests
+    /// still hold, and then more than the limit can pass in a window.
     pub fn undo(&self, key: &K, decision: &Decision) {
         let g = &self.geometry;
         if decision.overflow {

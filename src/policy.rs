@@ -10,7 +10,9 @@ pub enum Precision {
     ///
     /// **Guarantee:** no interval of length `window` ever holds more than `limit`
     /// admitted units. The price is under-admission of at most one bucket: at
-    /// saturation at least N/(N+1) of what an exact sliding log admits.
+    /// saturation at least N/(N+1) of what an exact sliding log admits over a
+    /// long stretch (exactly W / ((N+1)·w), the bucket width w being W/N rounded
+    /// up to a whole nanosecond).
     #[default]
     Strict,
     /// Cloudflare's sliding-window counter: the oldest bucket is weighted by the part

@@ -99,8 +99,10 @@ const MAX_ATTEMPTS: u32 = 64;
 /// A stale bucket this old is rewritten to a fresh stale tag, so that no tag of a
 /// ring in use ever drifts to half the 32-bit range, where ages become ambiguous.
 const NORMALIZE_AGE: i64 = 1 << 30;
-/// Rings of up to this many buckets read their counts into a stack array.
-const SMALL_RING: usize = INLINE_BUCKETS;
+/// A denial that reads every bucket (interpolated mode, or a strict check that
+/// had to scan) copies the counts into a stack array of this many (512 bytes);
+/// only a ring of more buckets (a policy of 64 or more) allocates one instead.
+const SMALL_RING: usize = 64;
 
 /// The policy, reduced to the integers the ring computes with.
 #[derive(Debug, Clone, Copy)]

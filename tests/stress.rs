@@ -216,3 +216,78 @@ fn racing_checks_of_mixed_cost_never_admit_more_than_limit_in_any_span() {
     assert_no_span_over_limit(&records);
     assert!(records.iter().any(|r| r.allowed));
 }
+
+/// Two threads race for the last unit, round after round: both finish a round,
+/// wait for each other, and check again at once. Exactly one must pass. Two
+/// passing would break the limit (asserted never to happen); neither passing is
+/// the protocol's price under contention (both added, both saw the other's
+/// unit, both took theirs back): counted and printed.
+fn race_for_the_last_unit(name: &str, same_key_next_window: bool) {
+    const ROUNDS: u64 = 20_000;
+    let width = Duration::from_millis(100);
+    let clock = ManualClock::new();
+    let limiter: Limiter<u64, ManualClock> =
+        Limiter::builder(Policy::per(1, width * BUCKETS as u32).unwrap())
+            .clock(clock.clone())
+            .max_keys(2 * ROUNDS as usize)
+            .build()
+            .unwrap();
+    let passed: Vec<AtomicUsize> = (0..ROUNDS).map(|_| AtomicUsize::new(0)).collect();
+    let (done, ready) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let wait_for = |counter: &AtomicUsize, value: usize| {
+        let mut spins = 0u32;
+        while counter.load(SeqCst) < value {
+            spins += 1;
+            if spins % 64 == 0 {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    thread::scope(|s| {
+        for t in 0..2 {
+            let (clock, limiter, passed) = (&clock, &limiter, &passed);
+            let (done, ready, wait_for) = (&done, &ready, &wait_for);
+            s.spawn(move || {
+                for r in 0..ROUNDS {
+                    if t == 0 && same_key_next_window {
+                        // One bucket past the last round's window: the key's old
+                        // unit has left and both checks race into a new slot.
+                        clock.advance(width * (BUCKETS as u32 + 1));
+                    }
+                    if t == 0 {
+                        ready.store(r as usize + 1, SeqCst);
+                    }
+                    wait_for(ready, r as usize + 1);
+                    let key = if same_key_next_window { 0 } else { r };
+                    if limiter.check(&key).is_allowed() {
+                        passed[r as usize].fetch_add(1, SeqCst);
+                    }
+                    done.fetch_add(1, SeqCst);
+                    wait_for(done, 2 * (r as usize + 1));
+                }
+            });
+        }
+    });
+    let count = |n| passed.iter().filter(|p| p.load(SeqCst) == n).count();
+    let (neither, one, both) = (count(0), count(1), count(2));
+    println!(
+        "{name}: {ROUNDS} races for the last unit: one passed {one}, neither passed \
+         {neither} ({:.3}%), both passed {both}",
+        100.0 * neither as f64 / ROUNDS as f64
+    );
+    assert_eq!(both, 0, "over-admission");
+    assert_eq!(one + neither, ROUNDS as usize);
+    assert!(one > 0);
+}
+
+#[test]
+fn two_checks_racing_for_the_last_unit_of_a_new_key() {
+    race_for_the_last_unit("new key", false);
+}
+
+#[test]
+fn two_checks_racing_for_the_last_unit_in_a_new_window() {
+    race_for_the_last_unit("same key, new window", true);
+}
