@@ -37,7 +37,10 @@ impl<K> Partition<K> {
 }
 
 /// Entries per partition the map is sized for: one eviction step sweeps one
-/// partition, so this bounds the work a single request can be asked to do.
+/// partition, so this bounds the work a single request can be asked to do, up
+/// to `MAX_PARTITIONS` partitions (a cap of 1M keys). Beyond, a partition holds
+/// a 256th of the cap: each partition costs a collector (about 17 KB) even when
+/// empty, which a limiter pays up front.
 const KEYS_PER_PARTITION: usize = 4096;
 const MAX_PARTITIONS: usize = 256;
 
