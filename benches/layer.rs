@@ -12,18 +12,16 @@
 //!   answers a 429 with `Retry-After`, `RateLimit` and `RateLimit-Policy`,
 //!   tower_governor a 429 with its own headers.
 
+#[path = "support/layers.rs"]
+mod layers;
+
 use axum::body::Body;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use governor::middleware::NoOpMiddleware;
+use layers::{governor, ours};
 use std::convert::Infallible;
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::{Layer, Service, ServiceExt};
-use tower_governor::{
-    governor::GovernorConfigBuilder, key_extractor::GlobalKeyExtractor, GovernorLayer,
-};
-use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
 
 type Req = http::Request<Body>;
 type Res = http::Response<Body>;
@@ -31,32 +29,6 @@ type Res = http::Response<Body>;
 /// The wrapped service: an empty 200 at once.
 fn inner() -> impl Service<Req, Response = Res, Error = Infallible, Future: Send> + Clone {
     tower::service_fn(|_req: Req| async { Ok::<_, Infallible>(http::Response::new(Body::empty())) })
-}
-
-fn ours(limit: u32) -> SlidingWindowLayer<(), GlobalKey> {
-    SlidingWindowLayer::builder(GlobalKey)
-        .policy(Policy::per(limit, Duration::from_secs(3600)).unwrap())
-        .build()
-        .unwrap()
-}
-
-/// A burst of `limit`; for `u32::MAX` (every request passes) one more per
-/// nanosecond, else one more per hour. (A burst of `u32::MAX` refilled hourly, as
-/// in `benches/http.rs`, starts rejecting after about a million requests, well
-/// within one criterion run.)
-fn governor(limit: u32) -> GovernorLayer<GlobalKeyExtractor, NoOpMiddleware, Body> {
-    let mut config = GovernorConfigBuilder::default();
-    if limit == u32::MAX {
-        config.per_nanosecond(1);
-    } else {
-        config.per_second(3600);
-    }
-    let config = config
-        .burst_size(limit)
-        .key_extractor(GlobalKeyExtractor)
-        .finish()
-        .unwrap();
-    GovernorLayer::new(Arc::new(config))
 }
 
 /// Time `iters` requests through `svc`, one after another.

@@ -12,12 +12,15 @@
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
 //! move), except `ours-hot-tokio`, so the clock's share can be told apart.
 
+#[path = "support/layers.rs"]
+mod layers;
+
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tower_sliding_window::{AutoClock, Clock, GlobalKey, Limiter, ManualClock, Policy, TokioClock};
+use tower_sliding_window::{AutoClock, Clock, Limiter, ManualClock, Policy, TokioClock};
 
 const KEYS: u64 = 100_000;
 
@@ -104,34 +107,6 @@ where
     })
 }
 
-fn layer_ours(limit: u32) -> tower_sliding_window::SlidingWindowLayer<(), GlobalKey> {
-    tower_sliding_window::SlidingWindowLayer::builder(GlobalKey)
-        .policy(Policy::per(limit, Duration::from_secs(3600)).unwrap())
-        .build()
-        .unwrap()
-}
-
-fn layer_governor(
-    limit: u32,
-) -> tower_governor::GovernorLayer<
-    tower_governor::key_extractor::GlobalKeyExtractor,
-    governor::middleware::NoOpMiddleware,
-    axum::body::Body,
-> {
-    let mut config = tower_governor::governor::GovernorConfigBuilder::default();
-    if limit == u32::MAX {
-        config.per_nanosecond(1);
-    } else {
-        config.per_second(3600);
-    }
-    let config = config
-        .burst_size(limit)
-        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
-        .finish()
-        .unwrap();
-    tower_governor::GovernorLayer::new(std::sync::Arc::new(config))
-}
-
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -159,10 +134,10 @@ fn main() {
         "governor-100k" => governor(false, KEYS, iters),
         "governor-100k-denied" => governor(true, KEYS, iters),
         "layer-none" => layer(None::<tower::layer::util::Identity>, iters),
-        "layer-ours" => layer(Some(layer_ours(u32::MAX)), iters),
-        "layer-ours-rejected" => layer(Some(layer_ours(1)), iters),
-        "layer-governor" => layer(Some(layer_governor(u32::MAX)), iters),
-        "layer-governor-rejected" => layer(Some(layer_governor(1)), iters),
+        "layer-ours" => layer(Some(layers::ours(u32::MAX)), iters),
+        "layer-ours-rejected" => layer(Some(layers::ours(1)), iters),
+        "layer-governor" => layer(Some(layers::governor(u32::MAX)), iters),
+        "layer-governor-rejected" => layer(Some(layers::governor(1)), iters),
         "nothing" => {}
         other => eprintln!("unknown workload {other}"),
     }
