@@ -198,6 +198,18 @@ impl Geometry {
         s.wrapping_sub(back).wrapping_sub(self.len)
     }
 
+    /// The time from `now` until slot `slot` begins (zero if it has).
+    #[inline]
+    fn until_slot(&self, slot: u64, now: u64) -> Duration {
+        Duration::from_nanos(slot.saturating_mul(self.width).saturating_sub(now))
+    }
+
+    /// The time from `now` until the units counted at slot `s` leave the window.
+    #[inline]
+    fn drained_after(&self, s: u64, now: u64) -> Duration {
+        self.until_slot(s + self.len, now)
+    }
+
     fn nanos_until(&self, slot_time: u128, now: u64) -> Duration {
         Duration::from_nanos(slot_time.saturating_sub(now as u128).min(u64::MAX as u128) as u64)
     }
@@ -759,14 +771,12 @@ impl Ring {
         } else {
             (1..len).find(|&a| units_of_age(a) > 0).map(|a| a as u64)
         };
-        let until =
-            |slot: u64| Duration::from_nanos(slot.saturating_mul(g.width).saturating_sub(now));
         Decision {
             outcome: Outcome::Denied,
             limit: g.limit,
             remaining: (g.limit as u64).saturating_sub(used) as u32,
-            retry_after: until(fits_at).max(Duration::from_nanos(1)),
-            reset: youngest.map_or(Duration::ZERO, |a| until(s - a.min(s) + g.len)),
+            retry_after: g.until_slot(fits_at, now).max(Duration::from_nanos(1)),
+            reset: youngest.map_or(Duration::ZERO, |a| g.drained_after(s - a.min(s), now)),
             slot: s,
             cost: 0,
             overflow: false,
@@ -813,13 +823,12 @@ fn fits(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> bool {
 /// counting them: they are the youngest, so the window drains one span after `s`.
 #[inline]
 fn admitted_strict(g: &Geometry, used: u64, s: u64, now: u64, cost: u32) -> Decision {
-    let drained = (s + g.len).saturating_mul(g.width);
     Decision {
         outcome: Outcome::Allowed,
         limit: g.limit,
         remaining: (g.limit as u64 - used) as u32,
         retry_after: Duration::ZERO,
-        reset: Duration::from_nanos(drained.saturating_sub(now)),
+        reset: g.drained_after(s, now),
         slot: s,
         cost,
         overflow: false,
@@ -833,7 +842,7 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
     let budget = g.limit as u128 * w;
     let remaining = (budget.saturating_sub(weighted(g, scan, s, now, 0)) / w) as u32;
     let reset = match scan.youngest {
-        Some(a) => g.nanos_until((s - a.min(s) + g.n + 1) as u128 * w, now),
+        Some(a) => g.drained_after(s - a.min(s), now),
         None => Duration::ZERO,
     };
     Decision {
@@ -855,7 +864,7 @@ impl Decision {
     fn after_cost(mut self, cost: u32, g: &Geometry, s: u64, now: u64) -> Decision {
         self.remaining = self.remaining.saturating_sub(cost);
         if cost > 0 {
-            self.reset = g.nanos_until((s + g.len) as u128 * g.width as u128, now);
+            self.reset = g.drained_after(s, now);
         }
         self
     }
