@@ -421,14 +421,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         if self.try_reserve_key() {
             return true;
         }
-        let due = self.full_sweep_at.load(Relaxed);
-        let next = next_slot_start(now, self.policy.bucket_nanos());
-        if now >= due
-            && self
-                .full_sweep_at
-                .compare_exchange(due, next, Relaxed, Relaxed)
-                .is_ok()
-        {
+        if self.first_in_bucket(&self.full_sweep_at, now) {
             self.sweep_step(now);
             return self.try_reserve_key();
         }
@@ -451,20 +444,28 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 
     /// Once per bucket width, the first check to notice sweeps one partition.
-    /// `now >= next_sweep_at` is `slot(now) >= next slot` without the division.
     #[inline]
     fn maybe_sweep(&self, now: u64) {
-        let due = self.next_sweep_at.load(Relaxed);
-        if now >= due {
-            let next = next_slot_start(now, self.policy.bucket_nanos());
-            if self
-                .next_sweep_at
-                .compare_exchange(due, next, Relaxed, Relaxed)
-                .is_ok()
-            {
-                self.sweep_step(now);
-            }
+        if self.first_in_bucket(&self.next_sweep_at, now) {
+            self.sweep_step(now);
         }
+    }
+
+    /// True for the first caller at or after the instant `due` holds, which
+    /// moves it on to the start of the next slot: once per bucket width.
+    /// `now >= due` is `slot(now) >= due's slot` without the division.
+    #[inline]
+    fn first_in_bucket(&self, due: &AtomicU64, now: u64) -> bool {
+        let at = due.load(Relaxed);
+        now >= at
+            && due
+                .compare_exchange(
+                    at,
+                    next_slot_start(now, self.policy.bucket_nanos()),
+                    Relaxed,
+                    Relaxed,
+                )
+                .is_ok()
     }
 
     fn sweep_step(&self, now: u64) {
