@@ -82,6 +82,13 @@ pub enum OnLimit {
     Backpressure,
 }
 
+impl OnLimit {
+    /// Whether a layer holds requests back (a dry run never does).
+    pub(crate) fn waits(self, dry_run: bool) -> bool {
+        !dry_run && self != OnLimit::Reject
+    }
+}
+
 /// What a request whose extractor returned `None` gets.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum MissingKey<K> {
@@ -598,7 +605,7 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
                 "policy() builds in-memory limiters and cannot be mixed with store(); \
                  give every policy as a store instead",
             ))?;
-            let waits = !common.dry_run && common.on_limit != OnLimit::Reject;
+            let waits = common.on_limit.waits(common.dry_run);
             stores.extend(factory(common.policies, common.max_keys, waits)?);
         }
         if stores.is_empty() {

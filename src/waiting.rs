@@ -78,7 +78,7 @@ where
 /// True when over-limit requests wait rather than being rejected. A dry run
 /// never holds anything back.
 pub(crate) fn waits<K, X, St, M, Co, Ex>(shared: &Shared<K, X, St, M, Co, Ex>) -> bool {
-    !shared.dry_run && shared.on_limit != OnLimit::Reject
+    shared.on_limit.waits(shared.dry_run)
 }
 
 impl<K, X, St, M, Co, Ex> Gate<K> for Shared<K, X, St, M, Co, Ex>
