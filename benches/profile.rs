@@ -71,9 +71,9 @@ fn governor(denied: bool, keys: u64, iters: u64) {
 type Req = http::Request<axum::body::Body>;
 type Res = http::Response<axum::body::Body>;
 
-/// `iters` requests through `layer` (`None`: no layer) on a service that
+/// `iters` requests through `layer` (`Identity`: no layer) on a service that
 /// answers at once, one after another.
-fn layer<L>(layer: Option<L>, iters: u64)
+fn layer<L>(layer: L, iters: u64)
 where
     L: tower::Layer<tower::util::BoxCloneService<Req, Res, std::convert::Infallible>>,
     L::Service: tower::Service<Req, Response = Res>,
@@ -87,22 +87,11 @@ where
     let inner = tower::util::BoxCloneService::new(tower::service_fn(|_req: Req| async {
         Ok::<_, std::convert::Infallible>(Res::new(axum::body::Body::empty()))
     }));
+    let mut svc = layer.layer(inner);
     rt.block_on(async move {
-        match layer {
-            Some(layer) => {
-                let mut svc = layer.layer(inner);
-                for _ in 0..iters {
-                    let req = Req::new(axum::body::Body::empty());
-                    black_box(svc.ready().await.unwrap().call(req).await.unwrap());
-                }
-            }
-            None => {
-                let mut svc = inner;
-                for _ in 0..iters {
-                    let req = Req::new(axum::body::Body::empty());
-                    black_box(svc.ready().await.unwrap().call(req).await.unwrap());
-                }
-            }
+        for _ in 0..iters {
+            let req = Req::new(axum::body::Body::empty());
+            black_box(svc.ready().await.unwrap().call(req).await.unwrap());
         }
     })
 }
@@ -133,11 +122,11 @@ fn main() {
         "governor-hot-denied" => governor(true, 1, iters),
         "governor-100k" => governor(false, KEYS, iters),
         "governor-100k-denied" => governor(true, KEYS, iters),
-        "layer-none" => layer(None::<tower::layer::util::Identity>, iters),
-        "layer-ours" => layer(Some(layers::ours(u32::MAX)), iters),
-        "layer-ours-rejected" => layer(Some(layers::ours(1)), iters),
-        "layer-governor" => layer(Some(layers::governor(u32::MAX)), iters),
-        "layer-governor-rejected" => layer(Some(layers::governor(1)), iters),
+        "layer-none" => layer(tower::layer::util::Identity::new(), iters),
+        "layer-ours" => layer(layers::ours(u32::MAX), iters),
+        "layer-ours-rejected" => layer(layers::ours(1), iters),
+        "layer-governor" => layer(layers::governor(u32::MAX), iters),
+        "layer-governor-rejected" => layer(layers::governor(1), iters),
         "nothing" => {}
         other => eprintln!("unknown workload {other}"),
     }
