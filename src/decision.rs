@@ -37,8 +37,10 @@ pub struct Decision {
     pub(crate) outcome: Outcome,
     pub(crate) limit: u32,
     pub(crate) remaining: u32,
-    pub(crate) retry_after: Duration,
-    pub(crate) reset: Duration,
+    /// Nanoseconds, turned into a `Duration` only when asked: most checks are
+    /// never asked, and the conversion was a tenth of a hot check's instructions.
+    pub(crate) retry_after_ns: u64,
+    pub(crate) reset_ns: u64,
     /// Where the units were recorded, so an admitted decision can be undone.
     pub(crate) slot: u64,
     pub(crate) cost: u32,
@@ -74,13 +76,13 @@ impl Decision {
     pub fn retry_after(&self) -> Option<Duration> {
         match self.outcome {
             Outcome::CostExceedsLimit => None,
-            _ => Some(self.retry_after),
+            _ => Some(Duration::from_nanos(self.retry_after_ns)),
         }
     }
 
     /// How long until the window fully drains (every counted unit has expired).
     pub fn reset(&self) -> Duration {
-        self.reset
+        Duration::from_nanos(self.reset_ns)
     }
 
     pub(crate) fn cost_exceeds_limit(limit: u32, remaining: u32, reset: Duration) -> Decision {
@@ -88,8 +90,8 @@ impl Decision {
             outcome: Outcome::CostExceedsLimit,
             limit,
             remaining,
-            retry_after: Duration::ZERO,
-            reset,
+            retry_after_ns: 0,
+            reset_ns: nanos(reset),
             slot: 0,
             cost: 0,
             overflow: false,
@@ -105,8 +107,8 @@ impl Decision {
             outcome: Outcome::Allowed,
             limit,
             remaining: limit,
-            retry_after: Duration::ZERO,
-            reset: Duration::ZERO,
+            retry_after_ns: 0,
+            reset_ns: 0,
             slot: 0,
             cost: 0,
             overflow: false,
@@ -126,8 +128,8 @@ impl Decision {
             outcome,
             limit,
             remaining,
-            retry_after,
-            reset,
+            retry_after_ns: nanos(retry_after),
+            reset_ns: nanos(reset),
             slot: 0,
             cost: 0,
             overflow: false,
@@ -153,4 +155,9 @@ impl Decision {
     pub fn cost(&self) -> u32 {
         self.cost
     }
+}
+
+/// A duration in whole nanoseconds, saturating (u64 nanoseconds span 584 years).
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -351,7 +351,29 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         &self.partitions[hash & (self.partitions.len() - 1)]
     }
 
+    /// The common case inline (a tracked key whose ring decides at once); every
+    /// other case out of line, so the common one carries none of their weight.
+    #[inline(always)]
     fn decide(&self, key: &K, cost: u32, now: u64) -> Decision {
+        let g = &self.geometry;
+        if cost <= g.limit() {
+            if let Some(decision) = self
+                .partition(key)
+                .map
+                .pin()
+                .get(key)
+                .and_then(|ring| ring.try_acquire(g, now, cost))
+            {
+                return decision;
+            }
+        }
+        self.decide_rest(key, cost, now)
+    }
+
+    /// [`decide`](Self::decide) in full: costs above the limit, new keys,
+    /// retired rings, the cap and the overflow ring.
+    #[inline(never)]
+    fn decide_rest(&self, key: &K, cost: u32, now: u64) -> Decision {
         let g = &self.geometry;
         if cost > g.limit() {
             return self.peek(key, cost);

@@ -83,7 +83,6 @@
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
 use crate::sync::{order_write_before_reads, spin, AtomicU64, Ordering::SeqCst};
-use std::time::Duration;
 
 const RESETTING: u64 = 1 << 63;
 /// Slots below this never reach the flag bits of `newest` (see [`Geometry::hold`]).
@@ -200,18 +199,18 @@ impl Geometry {
 
     /// The time from `now` until slot `slot` begins (zero if it has).
     #[inline]
-    fn until_slot(&self, slot: u64, now: u64) -> Duration {
-        Duration::from_nanos(slot.saturating_mul(self.width).saturating_sub(now))
+    fn until_slot(&self, slot: u64, now: u64) -> u64 {
+        slot.saturating_mul(self.width).saturating_sub(now)
     }
 
     /// The time from `now` until the units counted at slot `s` leave the window.
     #[inline]
-    fn drained_after(&self, s: u64, now: u64) -> Duration {
+    fn drained_after(&self, s: u64, now: u64) -> u64 {
         self.until_slot(s + self.len, now)
     }
 
-    fn nanos_until(&self, slot_time: u128, now: u64) -> Duration {
-        Duration::from_nanos(slot_time.saturating_sub(now as u128).min(u64::MAX as u128) as u64)
+    fn nanos_until(&self, slot_time: u128, now: u64) -> u64 {
+        slot_time.saturating_sub(now as u128).min(u64::MAX as u128) as u64
     }
 }
 
@@ -343,7 +342,7 @@ impl Ring {
     /// base of that slot known. Adds only when the cost fits; a cost that does
     /// not fit is denied with nothing added. `None` (nothing counted) leaves
     /// every other case to the full protocol.
-    #[inline]
+    #[inline(always)]
     fn admit_at_newest(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
         if g.precision != Precision::Strict || cost == 0 {
             return None;
@@ -718,10 +717,10 @@ impl Ring {
             }
             used = after;
         }
-        let retry_after = g.nanos_until(at, now).max(Duration::from_nanos(1));
+        let retry_after = g.nanos_until(at, now).max(1);
         let mut d = allowed(g, &scan, s, now);
         d.outcome = Outcome::Denied;
-        d.retry_after = retry_after;
+        d.retry_after_ns = retry_after;
         d
     }
 
@@ -775,8 +774,8 @@ impl Ring {
             outcome: Outcome::Denied,
             limit: g.limit,
             remaining: (g.limit as u64).saturating_sub(used) as u32,
-            retry_after: g.until_slot(fits_at, now).max(Duration::from_nanos(1)),
-            reset: youngest.map_or(Duration::ZERO, |a| g.drained_after(s - a.min(s), now)),
+            retry_after_ns: g.until_slot(fits_at, now).max(1),
+            reset_ns: youngest.map_or(0, |a| g.drained_after(s - a.min(s), now)),
             slot: s,
             cost: 0,
             overflow: false,
@@ -827,8 +826,8 @@ fn admitted_strict(g: &Geometry, used: u64, s: u64, now: u64, cost: u32) -> Deci
         outcome: Outcome::Allowed,
         limit: g.limit,
         remaining: (g.limit as u64 - used) as u32,
-        retry_after: Duration::ZERO,
-        reset: g.drained_after(s, now),
+        retry_after_ns: 0,
+        reset_ns: g.drained_after(s, now),
         slot: s,
         cost,
         overflow: false,
@@ -843,14 +842,14 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
     let remaining = (budget.saturating_sub(weighted(g, scan, s, now, 0)) / w) as u32;
     let reset = match scan.youngest {
         Some(a) => g.drained_after(s - a.min(s), now),
-        None => Duration::ZERO,
+        None => 0,
     };
     Decision {
         outcome: Outcome::Allowed,
         limit: g.limit,
         remaining,
-        retry_after: Duration::ZERO,
-        reset,
+        retry_after_ns: 0,
+        reset_ns: reset,
         slot: s,
         cost: 0,
         overflow: false,
@@ -864,7 +863,7 @@ impl Decision {
     fn after_cost(mut self, cost: u32, g: &Geometry, s: u64, now: u64) -> Decision {
         self.remaining = self.remaining.saturating_sub(cost);
         if cost > 0 {
-            self.reset = g.drained_after(s, now);
+            self.reset_ns = g.drained_after(s, now);
         }
         self
     }
