@@ -180,7 +180,7 @@ impl Geometry {
         self.len
     }
 
-    #[inline]
+    #[inline(always)]
     fn position(&self, slot: u64) -> usize {
         let p = if self.mask != 0 {
             slot & self.mask
@@ -307,12 +307,12 @@ impl Ring {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn bucket(&self, g: &Geometry, slot: u64) -> &AtomicU64 {
         &self.buckets()[g.position(slot)]
     }
 
-    #[inline]
+    #[inline(always)]
     fn buckets(&self) -> &[AtomicU64] {
         match &self.buckets {
             Buckets::Inline(len, buckets) => &buckets[..*len as usize],
