@@ -167,14 +167,27 @@ impl AutoClock {
     }
 }
 
-impl Clock for AutoClock {
-    #[inline]
-    fn now_nanos(&self) -> u64 {
+impl AutoClock {
+    /// The sources other than the coarse clock, out of line: they cost tens of
+    /// nanoseconds anyway, and kept inline they made the whole reading a call.
+    #[inline(never)]
+    fn now_nanos_other(&self) -> u64 {
         match &self.inner {
             #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
             AutoInner::Coarse(c) => c.now_nanos(),
             AutoInner::Precise(origin) => origin.elapsed().as_nanos() as u64,
             AutoInner::Tokio(c) => c.now_nanos(),
+        }
+    }
+}
+
+impl Clock for AutoClock {
+    #[inline(always)]
+    fn now_nanos(&self) -> u64 {
+        match &self.inner {
+            #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+            AutoInner::Coarse(c) => c.now_nanos(),
+            _ => self.now_nanos_other(),
         }
     }
 
