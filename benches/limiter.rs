@@ -14,116 +14,18 @@
 //! - `*_denied`: 1 per hour, so after the first check every check is denied (the
 //!   path a flood of over-limit requests takes).
 
+#[path = "support/limiters.rs"]
+mod limiters;
 mod support;
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use limiters::{governor, ours, ours_tokio, run_parallel, warm, Check, Load, KEYS};
 use std::hint::black_box;
-use std::num::NonZeroU32;
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::{Cursor, Keys};
-use tower_sliding_window::{Clock, Limiter, Policy, TokioClock};
 
-/// Keys in the round-robin workloads.
-const KEYS: u64 = 100_000;
 const THREADS: u64 = 2;
-
-/// What both limiters are asked: one check of one unit for a key.
-trait Check: Sync {
-    fn check(&self, key: &u64) -> bool;
-}
-
-impl<C: Clock> Check for Limiter<u64, C> {
-    #[inline]
-    fn check(&self, key: &u64) -> bool {
-        Limiter::check(self, key).is_allowed()
-    }
-}
-
-impl Check for DefaultKeyedRateLimiter<u64> {
-    #[inline]
-    fn check(&self, key: &u64) -> bool {
-        self.check_key(key).is_ok()
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Load {
-    Allowed,
-    Denied,
-}
-
-fn policy(load: Load) -> Policy {
-    match load {
-        Load::Allowed => Policy::per(1_000_000_000, Duration::from_secs(1)),
-        Load::Denied => Policy::per(1, Duration::from_secs(3600)),
-    }
-    .unwrap()
-}
-
-/// Ours on its default clock.
-fn ours(load: Load) -> Limiter<u64> {
-    Limiter::builder(policy(load))
-        .max_keys(2 * KEYS as usize)
-        .build()
-        .unwrap()
-}
-
-/// Ours on `TokioClock` (what the tower layer uses).
-fn ours_tokio(load: Load) -> Limiter<u64, TokioClock> {
-    Limiter::builder(policy(load))
-        .clock(TokioClock::new())
-        .max_keys(2 * KEYS as usize)
-        .build()
-        .unwrap()
-}
-
-fn governor(load: Load) -> DefaultKeyedRateLimiter<u64> {
-    let quota = match load {
-        Load::Allowed => Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
-        Load::Denied => Quota::per_hour(NonZeroU32::new(1).unwrap()),
-    };
-    RateLimiter::keyed(quota)
-}
-
-/// Track every key the workload uses before measuring.
-fn warm<L: Check>(l: &L, keys: Keys, threads: u64) {
-    for t in 0..threads {
-        let mut cursor = Cursor::new(keys, t);
-        for _ in 0..cursor.len {
-            l.check(&cursor.next_key());
-        }
-    }
-}
-
-/// `threads` threads each run `iters` checks, started together; the time is the
-/// slowest thread's, so throughput = threads × iters / time.
-fn run_parallel<L: Check>(l: &L, threads: u64, keys: Keys, iters: u64) -> Duration {
-    let barrier = Barrier::new(threads as usize);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let mut cursor = Cursor::new(keys, t);
-                    barrier.wait();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        black_box(l.check(black_box(&cursor.next_key())));
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .max()
-            .unwrap()
-    })
-}
 
 fn bench_single<L: Check>(group: &mut BenchmarkGroup<'_, WallTime>, id: &str, l: &L, keys: Keys) {
     warm(l, keys, 1);

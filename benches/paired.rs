@@ -1,0 +1,131 @@
+//! Ours against governor with their runs interleaved: the ratios of
+//! `benches/limiter.rs`, robust to a machine whose speed drifts.
+//!
+//! criterion times each limiter for seconds, one after the other; on a shared
+//! VM one limiter's figure can come from a slower minute than the other's (the
+//! same check was seen at 40 ns and at 70 ns a quarter of an hour apart). Here
+//! each round runs a short chunk of each contender back to back, in alternating
+//! order, and the ratio is taken within the round; the table gives the median
+//! round and the 10th–90th percentile range.
+//!
+//! Run: `cargo bench --bench paired` (about 30 s). Contenders and workloads are
+//! those of `benches/limiter.rs` (`support/limiters.rs`): ours on its default
+//! clock, governor's keyed limiter on its own; u64 keys.
+
+#[path = "support/limiters.rs"]
+mod limiters;
+mod support;
+
+use limiters::{governor, ours, run_one, run_parallel, warm, Check, Load, KEYS};
+use support::Keys;
+
+const ROUNDS: usize = 41;
+/// Checks per thread in one chunk: tens of milliseconds, several passes over
+/// 100k keys, so the caches a chunk starts with matter little.
+const CHUNK: u64 = 400_000;
+
+/// One chunk: the wall time per check on each thread.
+fn chunk<L: Check>(l: &L, threads: u64, keys: Keys) -> f64 {
+    let time = if threads == 1 {
+        run_one(l, keys, CHUNK)
+    } else {
+        run_parallel(l, threads, keys, CHUNK)
+    };
+    time.as_nanos() as f64 / CHUNK as f64
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Median, 10th and 90th percentile.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (
+        percentile(&v, 0.5),
+        percentile(&v, 0.1),
+        percentile(&v, 0.9),
+    )
+}
+
+/// `a` and `b` in alternating order, `ROUNDS` times; returns each round's pair.
+fn rounds(mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f64) -> Vec<(f64, f64)> {
+    (0..ROUNDS)
+        .map(|r| {
+            if r % 2 == 0 {
+                let x = a();
+                (x, b())
+            } else {
+                let y = b();
+                (a(), y)
+            }
+        })
+        .collect()
+}
+
+fn versus(name: &str, load: Load, keys: Keys, target: &str) {
+    let (o, g) = (ours(load), governor(load));
+    warm(&o, keys, 1);
+    warm(&g, keys, 1);
+    let pairs = rounds(|| chunk(&o, 1, keys), || chunk(&g, 1, keys));
+    let (ours_ns, ..) = spread(pairs.iter().map(|p| p.0).collect());
+    let (gov_ns, ..) = spread(pairs.iter().map(|p| p.1).collect());
+    let (ratio, lo, hi) = spread(pairs.iter().map(|p| p.0 / p.1).collect());
+    println!(
+        "| {name} | {ours_ns:.1} ns | {gov_ns:.1} ns | {ratio:.2}× | {lo:.2}–{hi:.2} | {target} |"
+    );
+}
+
+/// Throughput of `threads` threads on `many` keys against one thread on `one`,
+/// for one limiter, interleaved the same way.
+fn scaling<L: Check>(l: &L, one: Keys, many: Keys) -> (f64, f64, f64) {
+    warm(l, one, 1);
+    warm(l, many, 2);
+    let pairs = rounds(|| chunk(l, 1, one), || chunk(l, 2, many));
+    // Same checks per thread in both chunks: 2 threads do twice the work.
+    spread(pairs.iter().map(|(t1, t2)| 2.0 * t1 / t2).collect())
+}
+
+fn scaling_row(name: &str, one: Keys, many: Keys, target: &str) {
+    let (o, olo, ohi) = scaling(&ours(Load::Allowed), one, many);
+    let (g, glo, ghi) = scaling(&governor(Load::Allowed), one, many);
+    println!("| {name} | {o:.2}× ({olo:.2}–{ohi:.2}) | {g:.2}× ({glo:.2}–{ghi:.2}) | {target} |");
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; filters are not supported here.
+    println!(
+        "| workload | ours | governor | ours / governor, median round | 10th–90th pct | target |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    versus(
+        "1 thread, hot key, allowed",
+        Load::Allowed,
+        Keys::One,
+        "≤ 0.5×",
+    );
+    versus("1 thread, hot key, denied", Load::Denied, Keys::One, "");
+    let range = Keys::OwnRange(KEYS);
+    versus(
+        "1 thread, 100k keys, allowed",
+        Load::Allowed,
+        range,
+        "≤ 0.6×",
+    );
+    versus("1 thread, 100k keys, denied", Load::Denied, range, "");
+    println!();
+    println!("| 2 threads against 1, throughput | ours | governor | target |");
+    println!("|---|---:|---:|---:|");
+    scaling_row(
+        "each its own key, against one hot key",
+        Keys::One,
+        Keys::OwnKey,
+        "≥ 1.8×",
+    );
+    scaling_row(
+        "each its own 50k keys, against 100k keys",
+        range,
+        Keys::OwnRange(KEYS / 2),
+        "",
+    );
+}

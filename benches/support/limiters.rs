@@ -1,0 +1,127 @@
+//! The two limiters the limiter benches compare, built the same way for each
+//! bench: ours (`Limiter`) and governor's keyed limiter, behind one `Check` trait,
+//! and the timed loops that drive them from one or more threads.
+
+// Each bench that includes this file uses only part of it.
+#![allow(dead_code)]
+
+use crate::support::{Cursor, Keys};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+use tower_sliding_window::{Clock, Limiter, Policy, TokioClock};
+
+/// Keys in the round-robin workloads.
+pub const KEYS: u64 = 100_000;
+
+/// What both limiters are asked: one check of one unit for a key.
+pub trait Check: Sync {
+    fn check(&self, key: &u64) -> bool;
+}
+
+impl<C: Clock> Check for Limiter<u64, C> {
+    #[inline]
+    fn check(&self, key: &u64) -> bool {
+        Limiter::check(self, key).is_allowed()
+    }
+}
+
+impl Check for DefaultKeyedRateLimiter<u64> {
+    #[inline]
+    fn check(&self, key: &u64) -> bool {
+        self.check_key(key).is_ok()
+    }
+}
+
+#[derive(Clone, Copy)]
+pub enum Load {
+    /// A limit far above the request rate (1e9 per second): every check is
+    /// admitted and counted.
+    Allowed,
+    /// 1 per hour: after the first check every check is denied (the path a flood
+    /// of over-limit requests takes).
+    Denied,
+}
+
+fn policy(load: Load) -> Policy {
+    match load {
+        Load::Allowed => Policy::per(1_000_000_000, Duration::from_secs(1)),
+        Load::Denied => Policy::per(1, Duration::from_secs(3600)),
+    }
+    .unwrap()
+}
+
+/// Ours on its default clock.
+pub fn ours(load: Load) -> Limiter<u64> {
+    Limiter::builder(policy(load))
+        .max_keys(2 * KEYS as usize)
+        .build()
+        .unwrap()
+}
+
+/// Ours on `TokioClock`.
+pub fn ours_tokio(load: Load) -> Limiter<u64, TokioClock> {
+    Limiter::builder(policy(load))
+        .clock(TokioClock::new())
+        .max_keys(2 * KEYS as usize)
+        .build()
+        .unwrap()
+}
+
+pub fn governor(load: Load) -> DefaultKeyedRateLimiter<u64> {
+    let quota = match load {
+        Load::Allowed => Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
+        Load::Denied => Quota::per_hour(NonZeroU32::new(1).unwrap()),
+    };
+    RateLimiter::keyed(quota)
+}
+
+/// Track every key the workload uses before measuring.
+pub fn warm<L: Check>(l: &L, keys: Keys, threads: u64) {
+    for t in 0..threads {
+        let mut cursor = Cursor::new(keys, t);
+        for _ in 0..cursor.len {
+            l.check(&cursor.next_key());
+        }
+    }
+}
+
+/// `iters` checks on this thread.
+#[inline]
+pub fn run_one<L: Check>(l: &L, keys: Keys, iters: u64) -> Duration {
+    let mut cursor = Cursor::new(keys, 0);
+    let start = Instant::now();
+    for _ in 0..iters {
+        black_box(l.check(black_box(&cursor.next_key())));
+    }
+    start.elapsed()
+}
+
+/// `threads` threads each run `iters` checks, started together; the time is the
+/// slowest thread's, so throughput = threads × iters / time.
+pub fn run_parallel<L: Check>(l: &L, threads: u64, keys: Keys, iters: u64) -> Duration {
+    let barrier = Barrier::new(threads as usize);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut cursor = Cursor::new(keys, t);
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        black_box(l.check(black_box(&cursor.next_key())));
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .max()
+            .unwrap()
+    })
+}
