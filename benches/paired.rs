@@ -8,7 +8,7 @@
 //! order, and the ratio is taken within the round; the table gives the median
 //! round and the 10th–90th percentile range.
 //!
-//! Run: `cargo bench --bench paired` (about 30 s). Contenders and workloads are
+//! Run: `cargo bench --bench paired` (about 40 s). Contenders and workloads are
 //! those of `benches/limiter.rs` (`support/limiters.rs`): ours on its default
 //! clock, governor's keyed limiter on its own; u64 keys.
 
@@ -16,8 +16,9 @@
 mod limiters;
 mod support;
 
-use limiters::{governor, ours, run_one, run_parallel, warm, Check, Load, KEYS};
+use limiters::{governor, ours, ours_on, run_one, run_parallel, warm, Check, Load, KEYS};
 use support::Keys;
+use tower_sliding_window::ManualClock;
 
 const ROUNDS: usize = 41;
 /// Checks per thread in one chunk: tens of milliseconds, several passes over
@@ -92,6 +93,37 @@ fn scaling_row(name: &str, one: Keys, many: Keys, target: &str) {
     println!("| {name} | {o:.2}× ({olo:.2}–{ohi:.2}) | {g:.2}× ({glo:.2}–{ghi:.2}) | {target} |");
 }
 
+/// Two threads on two keys created one after another, against one thread, at
+/// each ring position in turn: a `ManualClock` steps one bucket width between
+/// measurements. Neighbouring rings that shared a cache line showed as a
+/// collapse at a few positions (2 threads at 0.8× one thread's throughput).
+fn scaling_by_position() {
+    let clock = ManualClock::new();
+    let l = ours_on(Load::Allowed, clock.clone());
+    warm(&l, Keys::OwnKey, 2);
+    let width = l.policy().bucket_width();
+    let mut by_width: Vec<f64> = (0..32)
+        .map(|_| {
+            clock.advance(width);
+            // Three pairs per width, so one slow chunk does not pass for a
+            // collapse: the median of three.
+            let (median, ..) = spread(
+                (0..3)
+                    .map(|_| 2.0 * chunk(&l, 1, Keys::OwnKey) / chunk(&l, 2, Keys::OwnKey))
+                    .collect(),
+            );
+            median
+        })
+        .collect();
+    by_width.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "| each its own key, keys created in a row, at 32 successive bucket widths \
+         (`ManualClock`; median of 3 per width): lowest width, median width | {:.2}×, {:.2}× | – | |",
+        by_width[0],
+        percentile(&by_width, 0.5)
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; filters are not supported here.
     println!(
@@ -122,6 +154,7 @@ fn main() {
         Keys::OwnKey,
         "≥ 1.8×",
     );
+    scaling_by_position();
     scaling_row(
         "each its own 50k keys, against 100k keys",
         range,

@@ -63,8 +63,13 @@ pub fn ours(load: Load) -> Limiter<u64> {
 
 /// Ours on `TokioClock`.
 pub fn ours_tokio(load: Load) -> Limiter<u64, TokioClock> {
+    ours_on(load, TokioClock::new())
+}
+
+/// Ours on the given clock.
+pub fn ours_on<C: Clock>(load: Load, clock: C) -> Limiter<u64, C> {
     Limiter::builder(policy(load))
-        .clock(TokioClock::new())
+        .clock(clock)
         .max_keys(2 * KEYS as usize)
         .build()
         .unwrap()
