@@ -52,6 +52,7 @@ pin_project! {
 }
 
 impl<F: Future, T, E> ResponseFuture<F, T, E> {
+    #[inline]
     pub(crate) fn forwarded(
         future: F,
         headers: Option<RateLimitHeaders>,

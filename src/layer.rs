@@ -84,6 +84,7 @@ pub enum OnLimit {
 
 impl OnLimit {
     /// Whether a layer holds requests back (a dry run never does).
+    #[inline]
     pub(crate) fn waits(self, dry_run: bool) -> bool {
         !dry_run && self != OnLimit::Reject
     }
