@@ -191,23 +191,6 @@ where
     if !matches!(shared.on_limit, OnLimit::Backpressure) || shared.dry_run {
         return Poll::Ready(());
     }
-    reserve(svc, cx)
-}
-
-#[inline(never)]
-fn reserve<S, K, X, St, M, Co, Ex>(
-    svc: &mut SlidingWindow<S, K, X, St, M, Co, Ex>,
-    cx: &mut Context<'_>,
-) -> Poll<()>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    X: Send + Sync + 'static,
-    St: Store<K>,
-    M: Send + Sync + 'static,
-    Co: Send + Sync + 'static,
-    Ex: Send + Sync + 'static,
-{
-    let shared = &svc.layer.shared;
     let Some(key) = &shared.global_key else {
         return Poll::Ready(());
     };
