@@ -17,8 +17,7 @@ use dashmap::DashMap;
 use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::{Cursor, Keys};
 
 type Hasher = foldhash::fast::RandomState;
@@ -106,28 +105,7 @@ impl Map for papaya::HashMap<u64, Value, Hasher> {
 }
 
 fn run<M: Map>(m: &M, threads: u64, keys: Keys, iters: u64) -> Duration {
-    let barrier = Barrier::new(threads as usize);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let mut cursor = Cursor::new(keys, t);
-                    barrier.wait();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        black_box(m.touch(black_box(&cursor.next_key())));
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .max()
-            .unwrap()
-    })
+    support::run_threads(threads, keys, iters, |key| m.touch(key))
 }
 
 fn bench<M: Map>(

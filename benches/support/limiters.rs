@@ -9,7 +9,6 @@ use crate::support::{Cursor, Keys};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use tower_sliding_window::{Clock, Limiter, Policy, TokioClock};
 
@@ -104,29 +103,7 @@ pub fn run_one<L: Check>(l: &L, keys: Keys, iters: u64) -> Duration {
     start.elapsed()
 }
 
-/// `threads` threads each run `iters` checks, started together; the time is the
-/// slowest thread's, so throughput = threads × iters / time.
+/// `threads` threads each run `iters` checks on their own keys, started together.
 pub fn run_parallel<L: Check>(l: &L, threads: u64, keys: Keys, iters: u64) -> Duration {
-    let barrier = Barrier::new(threads as usize);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let mut cursor = Cursor::new(keys, t);
-                    barrier.wait();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        black_box(l.check(black_box(&cursor.next_key())));
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .max()
-            .unwrap()
-    })
+    crate::support::run_threads(threads, keys, iters, |key| l.check(key))
 }

@@ -1,5 +1,5 @@
 //! Key workloads shared by the map and limiter benches: which keys each thread
-//! touches. Each bench keeps its own timed loop, calling its own trait directly.
+//! touches, and the loop that runs checks on several threads at once.
 
 /// Which keys each thread checks.
 #[derive(Clone, Copy)]
@@ -38,4 +38,37 @@ impl Cursor {
         }
         key
     }
+}
+
+/// `threads` threads each call `check` on their own keys `iters` times, started
+/// together; the time is the slowest thread's, so throughput = threads × iters /
+/// time.
+pub fn run_threads(
+    threads: u64,
+    keys: Keys,
+    iters: u64,
+    check: impl Fn(&u64) -> bool + Sync,
+) -> std::time::Duration {
+    let barrier = std::sync::Barrier::new(threads as usize);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, check) = (&barrier, &check);
+                s.spawn(move || {
+                    let mut cursor = Cursor::new(keys, t);
+                    barrier.wait();
+                    let start = std::time::Instant::now();
+                    for _ in 0..iters {
+                        std::hint::black_box(check(std::hint::black_box(&cursor.next_key())));
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .max()
+            .unwrap()
+    })
 }
