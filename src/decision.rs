@@ -32,7 +32,7 @@ pub enum Outcome {
 /// assert!(!third.is_allowed());
 /// assert!(third.retry_after().unwrap() > Duration::ZERO);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     pub(crate) outcome: Outcome,
     pub(crate) limit: u32,
@@ -157,7 +157,44 @@ impl Decision {
     }
 }
 
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decision")
+            .field("outcome", &self.outcome)
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining)
+            .field("retry_after", &Duration::from_nanos(self.retry_after_ns))
+            .field("reset", &self.reset())
+            .field("slot", &self.slot)
+            .field("cost", &self.cost)
+            .field("overflow", &self.overflow)
+            .field("unchecked", &self.unchecked)
+            .finish()
+    }
+}
+
 /// A duration in whole nanoseconds, saturating (u64 nanoseconds span 584 years).
 pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_the_times_as_durations() {
+        let d = Decision::from_parts(
+            Outcome::Denied,
+            5,
+            0,
+            Duration::from_millis(1500),
+            Duration::from_secs(2),
+        );
+        let shown = format!("{d:?}");
+        assert!(
+            shown.contains("retry_after: 1.5s") && shown.contains("reset: 2s"),
+            "{shown}"
+        );
+    }
 }
