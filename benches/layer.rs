@@ -15,49 +15,13 @@
 #[path = "support/layers.rs"]
 mod layers;
 
-use axum::body::Body;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use layers::{governor, ours};
-use std::convert::Infallible;
-use std::hint::black_box;
-use std::time::{Duration, Instant};
-use tower::{Layer, Service, ServiceExt};
-
-type Req = http::Request<Body>;
-type Res = http::Response<Body>;
-
-/// The wrapped service: an empty 200 at once.
-fn inner() -> impl Service<Req, Response = Res, Error = Infallible, Future: Send> + Clone {
-    tower::service_fn(|_req: Req| async { Ok::<_, Infallible>(http::Response::new(Body::empty())) })
-}
-
-/// Time `iters` requests through `svc`, one after another.
-fn run<S>(rt: &tokio::runtime::Runtime, mut svc: S, iters: u64) -> Duration
-where
-    S: Service<Req, Response = Res>,
-    S::Error: std::fmt::Debug,
-{
-    rt.block_on(async {
-        let start = Instant::now();
-        for _ in 0..iters {
-            let response = svc
-                .ready()
-                .await
-                .unwrap()
-                .call(http::Request::new(Body::empty()))
-                .await
-                .unwrap();
-            black_box(response);
-        }
-        start.elapsed()
-    })
-}
+use layers::{governor, inner, ours, run, runtime};
+use std::time::Duration;
+use tower::Layer;
 
 fn layers(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     for (name, limit) in [("layer_allowed", u32::MAX), ("layer_rejected", 1)] {
         let mut group = c.benchmark_group(name);
         group.throughput(Throughput::Elements(1));

@@ -17,9 +17,11 @@ mod layers;
 
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
+use layers::inner;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
+use tower::Layer;
 use tower_sliding_window::{AutoClock, Clock, Limiter, ManualClock, Policy, TokioClock};
 
 const KEYS: u64 = 100_000;
@@ -68,32 +70,13 @@ fn governor(denied: bool, keys: u64, iters: u64) {
     }
 }
 
-type Req = http::Request<axum::body::Body>;
-type Res = http::Response<axum::body::Body>;
-
-/// `iters` requests through `layer` (`Identity`: no layer) on a service that
-/// answers at once, one after another.
-fn layer<L>(layer: L, iters: u64)
+/// `iters` requests through `svc`, one after another (as in `benches/layer.rs`).
+fn layer<S>(svc: S, iters: u64)
 where
-    L: tower::Layer<tower::util::BoxCloneService<Req, Res, std::convert::Infallible>>,
-    L::Service: tower::Service<Req, Response = Res>,
-    <L::Service as tower::Service<Req>>::Error: std::fmt::Debug,
+    S: tower::Service<layers::Req, Response = layers::Res>,
+    S::Error: std::fmt::Debug,
 {
-    use tower::{Service, ServiceExt};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let inner = tower::util::BoxCloneService::new(tower::service_fn(|_req: Req| async {
-        Ok::<_, std::convert::Infallible>(Res::new(axum::body::Body::empty()))
-    }));
-    let mut svc = layer.layer(inner);
-    rt.block_on(async move {
-        for _ in 0..iters {
-            let req = Req::new(axum::body::Body::empty());
-            black_box(svc.ready().await.unwrap().call(req).await.unwrap());
-        }
-    })
+    layers::run(&layers::runtime(), svc, iters);
 }
 
 fn main() {
@@ -122,11 +105,11 @@ fn main() {
         "governor-hot-denied" => governor(true, 1, iters),
         "governor-100k" => governor(false, KEYS, iters),
         "governor-100k-denied" => governor(true, KEYS, iters),
-        "layer-none" => layer(tower::layer::util::Identity::new(), iters),
-        "layer-ours" => layer(layers::ours(u32::MAX), iters),
-        "layer-ours-rejected" => layer(layers::ours(1), iters),
-        "layer-governor" => layer(layers::governor(u32::MAX), iters),
-        "layer-governor-rejected" => layer(layers::governor(1), iters),
+        "layer-none" => layer(inner(), iters),
+        "layer-ours" => layer(layers::ours(u32::MAX).layer(inner()), iters),
+        "layer-ours-rejected" => layer(layers::ours(1).layer(inner()), iters),
+        "layer-governor" => layer(layers::governor(u32::MAX).layer(inner()), iters),
+        "layer-governor-rejected" => layer(layers::governor(1).layer(inner()), iters),
         "nothing" => {}
         other => eprintln!("unknown workload {other}"),
     }

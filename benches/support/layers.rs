@@ -1,10 +1,14 @@
 //! The two layers `benches/layer.rs` and `benches/profile.rs` compare, with the
-//! same settings: one global key, `limit` per hour.
+//! same settings (one global key, `limit` per hour), the service they wrap and
+//! the loop that sends requests through them.
 
 use axum::body::Body;
 use governor::middleware::NoOpMiddleware;
+use std::convert::Infallible;
+use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tower::{Service, ServiceExt};
 use tower_governor::{
     governor::GovernorConfigBuilder, key_extractor::GlobalKeyExtractor, GovernorLayer,
 };
@@ -34,4 +38,42 @@ pub fn governor(limit: u32) -> GovernorLayer<GlobalKeyExtractor, NoOpMiddleware,
         .finish()
         .unwrap();
     GovernorLayer::new(Arc::new(config))
+}
+
+pub type Req = http::Request<Body>;
+pub type Res = http::Response<Body>;
+
+/// The wrapped service: an empty 200 at once.
+pub fn inner() -> impl Service<Req, Response = Res, Error = Infallible, Future: Send> + Clone {
+    tower::service_fn(|_req: Req| async { Ok::<_, Infallible>(http::Response::new(Body::empty())) })
+}
+
+/// A single-threaded runtime, as the requests run one after another.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Time `iters` requests through `svc`, one after another.
+pub fn run<S>(rt: &tokio::runtime::Runtime, mut svc: S, iters: u64) -> Duration
+where
+    S: Service<Req, Response = Res>,
+    S::Error: std::fmt::Debug,
+{
+    rt.block_on(async {
+        let start = Instant::now();
+        for _ in 0..iters {
+            let response = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(http::Request::new(Body::empty()))
+                .await
+                .unwrap();
+            black_box(response);
+        }
+        start.elapsed()
+    })
 }
