@@ -22,6 +22,11 @@ pub trait Clock: Send + Sync + 'static {
     }
 }
 
+/// A duration in whole nanoseconds, saturating (u64 nanoseconds span 584 years).
+pub(crate) fn saturating_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Follows tokio's clock, so `#[tokio::test(start_paused = true)]` and
 /// `tokio::time::advance` drive the limiter, and waits computed from its
 /// decisions line up with tokio timers.
@@ -310,7 +315,7 @@ impl ManualClock {
 
     /// Move time forward (saturating at the end of the 64-bit range).
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let by = saturating_nanos(by);
         let _ = self
             .nanos
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {

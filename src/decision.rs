@@ -1,5 +1,6 @@
 //! The answer to one check: what was decided and what a client needs to know next.
 
+use crate::clock::saturating_nanos;
 use std::time::Duration;
 
 /// What the limiter decided for one check.
@@ -91,7 +92,7 @@ impl Decision {
             limit,
             remaining,
             retry_after_ns: 0,
-            reset_ns: nanos(reset),
+            reset_ns: saturating_nanos(reset),
             slot: 0,
             cost: 0,
             overflow: false,
@@ -128,8 +129,8 @@ impl Decision {
             outcome,
             limit,
             remaining,
-            retry_after_ns: nanos(retry_after),
-            reset_ns: nanos(reset),
+            retry_after_ns: saturating_nanos(retry_after),
+            reset_ns: saturating_nanos(reset),
             slot: 0,
             cost: 0,
             overflow: false,
@@ -171,11 +172,6 @@ impl std::fmt::Debug for Decision {
             .field("unchecked", &self.unchecked)
             .finish()
     }
-}
-
-/// A duration in whole nanoseconds, saturating (u64 nanoseconds span 584 years).
-pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(all(test, not(tsw_loom)))]

@@ -395,7 +395,7 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
                 Some(d) => (d.policy, d.decision),
                 None => (next.binding, forecast.denial(next.binding, cost, now, wait)),
             };
-            decision.retry_after_ns = crate::decision::nanos(wait).max(1);
+            decision.retry_after_ns = crate::clock::saturating_nanos(wait).max(1);
             return Joined::Decided(Err(Err(Rejection {
                 reason,
                 policy,
