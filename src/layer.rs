@@ -64,9 +64,13 @@ pub enum OnLimit {
     /// requests of its key already waiting, is rejected at once (as with
     /// `Reject`, its `Retry-After` telling when its turn would have come).
     /// Dropping the response future (a client gone, a timeout) leaves the queue
-    /// and gives back any units it was admitted with. In-memory limiters only.
+    /// and gives back any units it was admitted with. While a request waits,
+    /// the inner service is not held: it is readied and called once the request
+    /// is admitted, so a waiting key never takes capacity (a `ConcurrencyLimit`
+    /// permit, a `Buffer` slot) from other keys. In-memory limiters only.
     Wait {
-        /// The longest a request may wait for its turn.
+        /// The longest a request may wait for its turn; a duration too long to
+        /// add to an `Instant` (say `Duration::MAX`) means no bound.
         max_wait: std::time::Duration,
         /// The most requests of one key waiting at once (at least 1).
         max_queue: usize,
@@ -77,6 +81,8 @@ pub enum OnLimit {
     /// gives it back). Every clone waiting on the limit is served in turn. A
     /// `call` without a reservation (no `poll_ready`, or a request costing more
     /// than one unit) waits for its turn in its response future instead.
+    /// `poll_ready` cannot see the request, so an [exempt](SlidingWindowLayerBuilder::exempt)
+    /// request too waits there for a unit; its `call` gives the unit back unused.
     /// A keyed layer cannot use it (`poll_ready` sees no request, so no key):
     /// building one is a [`ConfigError`]. In-memory limiters only.
     Backpressure,
@@ -513,7 +519,8 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
 
     /// Requests for which `exempt` is true bypass the limit (not counted, no
     /// headers): health checks, an allowlist of internal callers. Any
-    /// `Fn(&Req) -> bool` or [`Exemption`].
+    /// `Fn(&Req) -> bool` or [`Exemption`]. Under [`OnLimit::Backpressure`] they
+    /// still wait in `poll_ready`, which cannot see the request.
     pub fn exempt<Ex2>(self, exempt: Ex2) -> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex2> {
         let (stores, factory, mode, cost) = (self.stores, self.factory, self.mode, self.cost);
         SlidingWindowLayerBuilder {

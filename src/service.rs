@@ -160,6 +160,10 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &*self.layer.shared;
         if shared.exempt.is_exempt(&req) {
+            // Backpressure reserved a unit in poll_ready: not this request's.
+            if let Some(ready) = self.ready.as_mut() {
+                ready.cancel();
+            }
             return ResponseFuture::forwarded(self.inner.call(req), None, M::finish);
         }
         let key = match shared.extractor.extract(&req) {

@@ -106,7 +106,8 @@ pub struct WaitConfig {
 
 impl WaitConfig {
     /// Wait at most `max_wait`, behind at most `max_queue - 1` other waiters of
-    /// the same key. `max_queue` must be at least 1.
+    /// the same key. `max_queue` must be at least 1. A `max_wait` too long to
+    /// add to an `Instant` (say `Duration::MAX`) means no bound on the wait.
     pub fn bounded(max_wait: Duration, max_queue: usize) -> Result<WaitConfig, ConfigError> {
         if max_queue == 0 {
             return Err(ConfigError::Invalid(

@@ -203,8 +203,7 @@ where
 
 /// `call` in a waiting mode: spend the reserved unit (backpressure), or join the
 /// key's queue: forward now, reject now, or wait in the response future and then
-/// call the inner service readied by `poll_ready` (moved into the future; a
-/// clone stays behind).
+/// ready and call a clone of the inner service.
 pub(crate) fn call<S, Req, K, X, St, M, Co, Ex>(
     svc: &mut SlidingWindow<S, K, X, St, M, Co, Ex>,
     req: Req,
@@ -239,14 +238,21 @@ where
     if let Some(result) = waiter.decided() {
         return respond_now(svc, &shared, req, &key, result);
     }
-    let mut ready = svc.take_ready_inner();
+    // A clone, readied only once the request is admitted: the instance
+    // poll_ready readied stays behind for the next call, so a waiting request
+    // holds none of the inner service's capacity (a ConcurrencyLimit permit, a
+    // Buffer slot) that other keys' requests need meanwhile.
+    let mut inner = svc.inner.clone();
     ResponseFuture::deciding(Box::pin(async move {
         let result = waiter.await;
         let headers = match outcome::<S, Req, K, X, St, M, Co, Ex>(&shared, &req, &key, result) {
             Action::Forward(headers) => headers,
             Action::Reject(output) => return output,
         };
-        M::finish(ready.call(req).await, headers)
+        if let Err(e) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+            return M::finish(Err(e), headers);
+        }
+        M::finish(inner.call(req).await, headers)
     }))
 }
 

@@ -407,3 +407,116 @@ async fn an_axum_app_with_backpressure_serves_every_request_in_turn() {
     let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
     assert_eq!(at, [0, 0, 1600, 1600, 3200].map(|t| start + ms(t)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_holds_none_of_the_inner_services_capacity() {
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service(inner(&served));
+    svc.clone().oneshot(request("a")).await.unwrap();
+    // a's second request waits for its turn (1.6 s)...
+    let start = Instant::now();
+    let waiting = tokio::spawn(svc.clone().oneshot(request("a")));
+    tokio::task::yield_now().await;
+    // ...while b, within its own limit, gets the one inner slot at once.
+    let b = svc.clone().oneshot(request("b")).await.unwrap();
+    assert_eq!(b.status(), StatusCode::OK);
+    assert_eq!(Instant::now() - start, Duration::ZERO);
+    assert_eq!(waiting.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(Instant::now() - start, ms(1600));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_admitted_with_a_batch_but_polled_late_waits_again() {
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(2, 1500)) // 15 buckets of 100 ms
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new().layer(layer).service(inner(&served));
+    for _ in 0..2 {
+        svc.clone().oneshot(request("a")).await.unwrap();
+    }
+    let mut s1 = svc.clone();
+    s1.ready().await.unwrap();
+    let f1 = s1.call(request("a"));
+    let mut s2 = svc.clone();
+    s2.ready().await.unwrap();
+    let f2 = s2.call(request("a")); // queued behind f1, both due at 1.6 s
+    tokio::spawn(f1).await.unwrap().unwrap(); // the head admits both at 1.6 s
+                                              // f2 is not polled until its units have left the window...
+    tokio::time::sleep_until(start + ms(3200)).await;
+    for _ in 0..2 {
+        let r = svc.clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // ...so it waits for a unit of its own rather than going through now.
+    assert_eq!(f2.await.unwrap().status(), StatusCode::OK);
+    let at: Vec<Duration> = served.lock().unwrap().iter().map(|s| s.1 - start).collect();
+    assert_eq!(at.len(), 6);
+    for (i, t) in at.iter().enumerate() {
+        let in_window = at[i..].iter().filter(|u| **u - *t < ms(1500)).count();
+        assert!(
+            in_window <= 2,
+            "{in_window} forwarded within 1.5 s of {t:?}: {at:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_max_wait_too_long_for_an_instant_means_no_bound() {
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: Duration::MAX,
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new().layer(layer).service(inner(&served));
+    svc.clone().oneshot(request("a")).await.unwrap();
+    let start = Instant::now();
+    let second = tokio::spawn(svc.clone().oneshot(request("a")));
+    let r = second.await.expect("call must not panic").unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(Instant::now() - start, ms(1600));
+}
+
+#[tokio::test(start_paused = true)]
+async fn backpressure_gives_back_the_unit_an_exempt_request_was_readied_with() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .exempt(|req: &Request<()>| req.headers().contains_key("x-health"))
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let mut svc = ServiceBuilder::new().layer(layer).service(inner(&served));
+    svc.ready().await.unwrap().call(request("a")).await.unwrap();
+    // poll_ready cannot see that the next request is exempt: it waits for a unit...
+    let start = Instant::now();
+    let health = Request::builder().header("x-health", "1").body(()).unwrap();
+    svc.ready().await.unwrap().call(health).await.unwrap();
+    assert_eq!(Instant::now() - start, ms(1600));
+    // ...which the exempt call gives back, so another clone takes it at once.
+    let ready_at = Instant::now();
+    svc.clone().oneshot(request("b")).await.unwrap();
+    assert_eq!(Instant::now() - ready_at, Duration::ZERO);
+    assert_eq!(served.lock().unwrap().len(), 3);
+}

@@ -435,7 +435,7 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
         state: State::Waiting,
         waker: None,
         forecast: fingerprint,
-        give_up_at: config.max_wait.map(|m| now + m),
+        give_up_at: config.max_wait.and_then(|m| now.checked_add(m)),
         // As head at once, it sleeps on its arrival's denial without checking again.
         fits_at: denial
             .filter(|_| head)
@@ -480,8 +480,19 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
         return Step::Ready(Err(lost()));
     };
     if let State::Admitted(admitted) = q.entries[i].state {
-        q.entries.remove(i);
-        return Step::Ready(Ok(admitted));
+        if gate.is_current(&admitted) {
+            q.entries.remove(i);
+            return Step::Ready(Ok(admitted));
+        }
+        // Admitted with a batch, but collected after its units left the window:
+        // forwarded now, it would count in no window. Give them back and wait
+        // again in its place, as a stale backpressure reservation is renewed.
+        gate.give_back(key, &admitted);
+        let e = &mut q.entries[i];
+        e.state = State::Waiting;
+        e.fits_at = None;
+        q.waiting += 1;
+        q.forecast = None;
     }
     if q.head() != Some(i) {
         set_waker(&mut q.entries[i].waker, cx);
