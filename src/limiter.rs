@@ -2,7 +2,7 @@
 //! evicted on the request path and a hard cap on how many keys are tracked.
 
 use crate::clock::{AutoClock, Clock};
-use crate::decision::Decision;
+use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::policy::Policy;
 use crate::ring::{Geometry, Ring};
@@ -291,10 +291,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// cancelled, a reservation went unused). Safe to call late: units whose bucket
     /// has already expired are simply gone.
     ///
-    /// Units given back while their bucket is still the key's newest free room at
-    /// once. Later, they free room from the next bucket on: until then checks
-    /// count the older buckets from a total taken when the key entered its newest
-    /// bucket (an over-count, the safe side).
+    /// Units given back free room at once. A check racing the undo may still
+    /// count them (the safe side).
     ///
     /// Undo a decision **once**, and only for the key it was made for. A
     /// [`Decision`] is a plain value (`Copy`) and carries no record of having been
@@ -453,7 +451,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             }
         }
         self.overflowed.fetch_add(1, Relaxed);
-        let mut d = self.overflow.acquire(g, now, cost);
+        // No earlier than the latest sweep, as a fresh ring: the key may have
+        // been evicted by it, and its units then must not share a span with
+        // these (a clock stepped back, or a check stalled since reading it).
+        let at = now.max(self.swept_at.load(SeqCst));
+        let mut d = self.overflow.acquire(g, at, cost);
+        if d.outcome() == Outcome::Denied {
+            d.retry_after_ns = d.retry_after_ns.saturating_add(at - now);
+        }
+        d.reset_ns = d.reset_ns.saturating_add(at - now);
         d.overflow = true;
         if d.is_allowed() {
             self.overflow_drained_at
@@ -570,6 +576,7 @@ impl<K, C> std::fmt::Debug for Limiter<K, C> {
 #[cfg(all(test, not(tsw_loom)))]
 mod tests {
     use super::*;
+    use crate::clock::saturating_nanos;
     use crate::{ManualClock, Outcome};
     use std::time::Duration;
 
@@ -853,29 +860,6 @@ mod tests {
     }
 
     #[test]
-    fn units_given_back_from_an_older_bucket_free_room_from_the_next_bucket_on() {
-        // 1 s window of 15 buckets of 66.7 ms.
-        let (l, clock) = limiter(2, 10);
-        let early = l.check(&1);
-        assert!(early.is_allowed());
-        clock.advance(Duration::from_millis(70)); // the next bucket
-        assert!(l.check(&1).is_allowed());
-        assert!(!l.check(&1).is_allowed());
-        l.undo(&1, &early);
-        assert_eq!(l.usage(&1).used, 1, "the bucket itself is given back");
-        assert!(
-            !l.check(&1).is_allowed(),
-            "checks in this bucket still count it"
-        );
-        clock.advance(Duration::from_millis(70));
-        assert!(
-            l.check(&1).is_allowed(),
-            "from the next bucket on it is free"
-        );
-        assert!(!l.check(&1).is_allowed());
-    }
-
-    #[test]
     fn reset_is_the_time_until_the_youngest_unit_leaves() {
         let (l, clock) = limiter(2, 10);
         // 1 s window in 15 buckets of 66.67 ms: a unit in slot 0 is counted through
@@ -899,5 +883,67 @@ mod tests {
                 .max_keys(0)
                 .build();
         assert_eq!(r.unwrap_err(), ConfigError::ZeroMaxKeys);
+    }
+
+    #[test]
+    fn a_key_evicted_then_counted_in_the_overflow_ring_restarts_no_earlier_than_the_sweep() {
+        let (l, clock) = limiter(2, 1);
+        let secs = |s: f64| (s * 1e9) as u64;
+        clock.set(secs(10.0));
+        let burst = l.check_n(&1, 2);
+        assert!(burst.is_allowed());
+        clock.set(secs(13.0));
+        assert_eq!(l.evict_idle(), 1);
+        assert!(l.check(&2).is_allowed()); // key 2 takes the only place
+                                           // The clock steps back to half a window after key 1's burst: in the
+                                           // overflow ring its units count from the sweep on, not beside the burst.
+        clock.set(secs(10.5));
+        let again = l.check_n(&1, 2);
+        assert!(again.is_allowed());
+        assert!(again.recorded_slot() >= l.geometry.slot(secs(13.0)));
+        // Times still count from the clock's reading.
+        assert!(again.reset() > Duration::from_millis(2500), "{again:?}");
+        assert!(!l.check(&1).is_allowed());
+    }
+
+    #[test]
+    fn units_undone_from_an_older_bucket_are_free_at_once_and_denials_stay_exact() {
+        let (l, clock) = limiter(2, 10);
+        let first = l.check(&1);
+        clock.advance(l.policy().bucket_width());
+        assert!(l.check(&1).is_allowed());
+        l.undo(&1, &first);
+        assert!(l.peek(&1, 1).is_allowed());
+        assert!(l.check(&1).is_allowed());
+        let denied = l.check(&1);
+        assert_eq!(denied.outcome(), Outcome::Denied);
+        let wait = denied.retry_after().unwrap();
+        let start = clock.now_nanos();
+        clock.set(start + saturating_nanos(wait) - 1);
+        assert!(!l.peek(&1, 1).is_allowed(), "{denied:?}");
+        clock.set(start + saturating_nanos(wait));
+        assert!(l.peek(&1, 1).is_allowed(), "{denied:?}");
+    }
+
+    #[test]
+    fn an_undo_more_than_a_window_late_gives_back_nothing_even_2_pow_32_slots_on() {
+        let clock = ManualClock::new();
+        let policy = Policy::builder()
+            .limit(1)
+            .window(Duration::from_micros(15))
+            .buckets(15)
+            .build()
+            .unwrap();
+        let l = Limiter::builder(policy)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let old = l.check(&1);
+        assert!(old.is_allowed());
+        // 2^32 one-microsecond slots on, the same bucket holds the same tag.
+        clock.set((1u64 << 32) * 1_000);
+        assert!(l.check(&1).is_allowed());
+        l.undo(&1, &old);
+        assert!(!l.check(&1).is_allowed());
     }
 }

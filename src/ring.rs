@@ -71,8 +71,10 @@
 //! published then), so each such unit was counted. C's count was therefore at
 //! least the whole span's total, and it was at most `limit`. Racing checks may
 //! both be denied near the limit (the safe side); the `loom` models below check
-//! this. Units given back from a bucket older than `newest` free room only once
-//! the base is next computed (the next slot): the base only ever over-counts.
+//! this. Units given back from a bucket older than `newest` mark its base
+//! unknown (`NO_BASE`), so checks count the buckets for the rest of that slot; a
+//! check that read the base before still counts them: the base only ever
+//! over-counts.
 //! loom weakens `SeqCst` accesses to `AcqRel` and orders a plain store racing
 //! read-modify-writes only partially; so that it checks the protocol above and
 //! not a weaker one, every write to a cell is an RMW (the reset swaps) and a
@@ -619,8 +621,33 @@ impl Ring {
 
     /// Give back the units of an admitted decision (a cancelled or undone check).
     pub(crate) fn undo(&self, g: &Geometry, decision: &Decision) {
-        if decision.is_allowed() && decision.cost > 0 {
-            self.take_back(g, decision.slot, decision.cost);
+        if !decision.is_allowed() || decision.cost == 0 {
+            return;
+        }
+        let s = decision.slot;
+        // Full slots, not tags: a decision more than a window old has nothing
+        // left here, and its 32-bit tag would match a bucket 2^32 slots on.
+        let newest = self.newest.load(SeqCst) & !(RESETTING | RETIRED);
+        if newest.saturating_sub(s) > g.n {
+            return;
+        }
+        self.take_back(g, s, decision.cost);
+        if s < newest {
+            self.forget_base(newest);
+        }
+    }
+
+    /// After units left a bucket older than `newest`: the base of `newest` may
+    /// still count them. Mark it unknown, so checks count the buckets for the
+    /// rest of the slot and the room is free at once (with the stale base a
+    /// denial would report too little `remaining` and too long a `retry_after`,
+    /// and disagree with `peek`).
+    fn forget_base(&self, newest: u64) {
+        let base = self.base.load(SeqCst);
+        if age(newest, base) == 0 && count(base) != NO_BASE {
+            let _ = self
+                .base
+                .compare_exchange(base, pack(newest, NO_BASE), SeqCst, SeqCst);
         }
     }
 

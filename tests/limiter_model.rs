@@ -563,3 +563,98 @@ fn excess_over_the_limit_and_utilisation_on_poisson_traffic() {
         }
     }
 }
+
+/// One step of a trace that also evicts, caps the keys and turns the clock back.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Check `cost` (0..=L) for `key` after `gap_permille` thousandths of a window.
+    Check {
+        gap_permille: u64,
+        key: u8,
+        cost: u64,
+    },
+    /// The clock steps back by this many thousandths of a window.
+    Back(u64),
+    /// A sweep of every idle key, as the limiter runs on its own.
+    Evict,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        8 => (0..2_000u64, 0..KEYS + 3, 0..=12u64).prop_map(|(gap_permille, key, cost)| {
+            Step::Check { gap_permille, key, cost }
+        }),
+        1 => (0..3_000u64).prop_map(Step::Back),
+        1 => Just(Step::Evict),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Strict mode holds per key when keys are evicted and come back, when a cap
+    /// of 1-3 keys sends the rest to the shared overflow ring, and when the clock
+    /// steps back: no key's units recorded in any N + 1 consecutive slots exceed
+    /// L, every denial's retry_after is exact, and every check is counted.
+    #[test]
+    fn strict_holds_across_evictions_the_key_cap_and_a_clock_stepping_back(
+        g in geometry(Precision::Strict),
+        max_keys in 1..=3usize,
+        trace in prop::collection::vec(step(), 1..300),
+    ) {
+        let policy = Policy::builder()
+            .limit(g.limit as u32)
+            .window(Duration::from_nanos(g.window))
+            .buckets(g.n as u32)
+            .build()
+            .expect("valid policy");
+        let clock = ManualClock::new();
+        let limiter = Limiter::builder(policy)
+            .clock(clock.clone())
+            .max_keys(max_keys)
+            .build()
+            .expect("valid limiter");
+        let mut recorded: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); KEYS as usize + 3];
+        let mut t = 10 * g.window;
+        let mut checks = 0;
+        for s in &trace {
+            let (key, cost) = match *s {
+                Step::Check { gap_permille, key, cost } => {
+                    t += g.window * gap_permille / 1000;
+                    (key, cost.min(g.limit) as u32)
+                }
+                Step::Back(permille) => {
+                    t = t.saturating_sub(g.window * permille / 1000);
+                    continue;
+                }
+                Step::Evict => {
+                    limiter.evict_idle();
+                    continue;
+                }
+            };
+            clock.set(t);
+            let d = limiter.check_n(&key, cost);
+            checks += 1;
+            if d.is_allowed() {
+                *recorded[key as usize].entry(d.recorded_slot()).or_default() += d.cost() as u64;
+                let worst = max_in_any_span(&recorded[key as usize], g.n);
+                prop_assert!(worst <= g.limit, "key {}: {} units in one span", key, worst);
+            } else {
+                prop_assert_eq!(d.outcome(), Outcome::Denied);
+                let r = d.retry_after().unwrap().as_nanos() as u64;
+                clock.set(t + r);
+                prop_assert!(limiter.peek(&key, cost).is_allowed(), "not allowed after {}", r);
+                if r > 1 {
+                    clock.set(t + r - 1);
+                    prop_assert!(!limiter.peek(&key, cost).is_allowed(), "allowed before {}", r);
+                }
+                clock.set(t);
+            }
+        }
+        let stats = limiter.stats();
+        prop_assert_eq!(stats.admitted + stats.rejected, checks);
+        clock.set(t + 100 * g.window);
+        limiter.evict_idle();
+        prop_assert_eq!(limiter.stats().keys_tracked, 0);
+    }
+}
