@@ -226,7 +226,9 @@ where
                     response::limited(&self.options, headers)
                 }
             }
-            Rejection::StoreUnavailable(error) => response::store_unavailable(grpc, error),
+            Rejection::StoreUnavailable(error) => {
+                response::store_unavailable(&self.options, grpc, error)
+            }
             Rejection::KeyMissing => response::key_missing(&self.options, grpc),
         })
     }

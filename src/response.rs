@@ -56,7 +56,7 @@ impl Default for HeaderOptions {
 
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// A policy name as an RFC 9651 sf-string, quotes included. The name was
@@ -106,7 +106,11 @@ pub(crate) fn policy_header<'a>(policies: impl Iterator<Item = &'a Policy>) -> H
 /// visible ASCII (never, for the callers here).
 pub(crate) fn interned(value: String) -> HeaderValue {
     static INTERNED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
-    if HeaderValue::from_str(&value).is_err() {
+    // `from_static`'s own rule (visible ASCII and tab), stricter than `from_str`'s.
+    if !value
+        .bytes()
+        .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
         return HeaderValue::from_static("");
     }
     let mut set = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
@@ -118,7 +122,7 @@ pub(crate) fn interned(value: String) -> HeaderValue {
             leaked
         }
     };
-    // Valid, checked above by the same rule: `from_static` does not panic.
+    // Checked above by `from_static`'s rule: it does not panic.
     HeaderValue::from_static(value)
 }
 
@@ -377,8 +381,10 @@ pub(crate) fn grpc_limited<B: Default>(
 }
 
 /// The answer when the store could not decide and fails closed: 503 (HTTP) or
-/// UNAVAILABLE (gRPC), with `Retry-After`.
+/// UNAVAILABLE (gRPC), with `Retry-After` (`grpc-retry-pushback-ms`) unless the
+/// layer turned it off.
 pub(crate) fn store_unavailable<B: Default>(
+    options: &HeaderOptions,
     grpc_request: Option<&HeaderValue>,
     error: &StoreError,
 ) -> Response<B> {
@@ -389,14 +395,16 @@ pub(crate) fn store_unavailable<B: Default>(
             content_type,
             GRPC_UNAVAILABLE,
             "rate limiter unavailable",
-            Some(ms),
+            Some(ms).filter(|_| options.grpc_retry_pushback),
         );
     }
     let mut response = Response::new(B::default());
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(wait));
+    if options.retry_after {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(wait));
+    }
     response
 }
 
@@ -448,6 +456,8 @@ mod tests {
         assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr());
         assert_ne!(interned("\"b\";q=1;w=2".to_owned()), a);
         assert_eq!(interned("caf\u{e9}\n".to_owned()), "");
+        // Valid for from_str, but not for from_static: empty, not a panic.
+        assert_eq!(interned("\"caf\u{e9}\";q=1;w=1".to_owned()), "");
     }
 
     #[test]
@@ -456,6 +466,7 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
         assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
         assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
     }
 
     #[test]

@@ -369,6 +369,30 @@ async fn a_store_that_cannot_decide_fails_closed_with_503() {
     assert_eq!(response.headers()["grpc-status"], "14");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_store_down_answer_leaves_out_the_retry_fields_the_layer_turned_off() {
+    let layer = SlidingWindowLayer::builder(user)
+        .store(SlowStore::new(
+            policy("down", 5, Duration::from_secs(60)),
+            true,
+        ))
+        .retry_after_header(false)
+        .grpc_retry_pushback(false)
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    let response = svc.ready().await.unwrap().call(request("u")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().get("retry-after").is_none());
+
+    let mut grpc = request("u");
+    grpc.headers_mut()
+        .insert("content-type", "application/grpc".parse().unwrap());
+    let response = svc.ready().await.unwrap().call(grpc).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert!(response.headers().get("grpc-retry-pushback-ms").is_none());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_never_pass_the_tighter_policy_and_leave_no_stray_counts() {
     let layer = SlidingWindowLayer::builder(GlobalKey)
