@@ -7,10 +7,12 @@
 //! units counted in the key's span exceed `L - cost` until R has passed. Until
 //! then that count can only grow (other instances add units) or stay; the only
 //! way it drops is buckets leaving the span, and R is exactly when enough of them
-//! have left for `cost` to fit. So until `t + R` Redis would deny `cost`, and any
-//! larger cost. The entry expires at `sent + R`, where `sent` is when the request
-//! was sent: Redis ran the script after that, so `sent + R` is never later than
-//! `t + R`. A smaller cost is not answered from the cache (it may already fit).
+//! have left for `cost` to fit. So until `t + R` Redis would deny `cost`. The
+//! entry expires at `sent + R`, where `sent` is when the request was sent: Redis
+//! ran the script after that, so `sent + R` is never later than `t + R`. Only the
+//! same cost is answered from the cache: a smaller one may already fit, and for
+//! a larger one (denied too) the entry cannot tell when it would fit, which a
+//! decision's `retry_after` must say.
 //!
 //! The one way a count drops early is an undo. This instance's own undos drop the
 //! key's entry; an undo on another instance is not seen here, so for at most R the
@@ -29,7 +31,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 struct Entry {
     /// When `cost` could fit again.
     until: Instant,
-    /// The smallest cost known to be denied until `until`.
+    /// The cost denied until `until`.
     cost: u32,
     /// Remaining units reported by the denial that made this entry.
     remaining: u32,
@@ -64,7 +66,7 @@ impl DenyCache {
             self.map.remove_if(key, |_, e| now >= e.until);
             return None;
         }
-        if cost < entry.cost {
+        if cost != entry.cost {
             return None;
         }
         Some(Decision::from_parts(
@@ -145,7 +147,7 @@ mod tests {
     }
 
     #[test]
-    fn denies_the_same_or_larger_cost_until_retry_after() {
+    fn denies_the_same_cost_until_retry_after() {
         let cache = DenyCache::new(10, 5);
         let t0 = Instant::now();
         cache.insert(b"k".to_vec().into(), t0, 2, &denial(100, 1));
@@ -155,9 +157,10 @@ mod tests {
         assert_eq!(hit.outcome(), Outcome::Denied);
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(60)));
         assert_eq!(hit.remaining(), 1);
-        assert!(cache.check(b"k", 3, t0).is_some());
-        // A smaller cost may fit already: ask Redis.
+        // A smaller cost may fit already, and when a larger one fits the entry
+        // cannot tell: ask Redis.
         assert!(cache.check(b"k", 1, t0).is_none());
+        assert!(cache.check(b"k", 3, t0).is_none());
         // Other keys are unaffected.
         assert!(cache.check(b"j", 5, t0).is_none());
         // At retry_after the entry is gone.
