@@ -372,7 +372,8 @@ enum Trust {
 /// [`PeerIp::ipv6_prefix`] / [`ClientIp::ipv6_prefix`] pick another length (56 or
 /// 48 is stricter, 128 keys every address). IPv4 addresses are keyed whole (/32)
 /// unless [`ipv4_prefix`](PeerIp::ipv4_prefix) says otherwise. IPv4-mapped IPv6
-/// addresses (`::ffff:192.0.2.1`, as dual-stack sockets report IPv4 peers) are
+/// addresses (`::ffff:192.0.2.1`, as dual-stack sockets report IPv4 peers) and
+/// IPv4 clients behind NAT64's well-known prefix (`64:ff9b::192.0.2.1`) are
 /// treated as the IPv4 address they carry. Like NAT for IPv4, grouping means the
 /// devices of one /64 (one household or office) share a key.
 ///

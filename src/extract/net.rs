@@ -172,7 +172,8 @@ pub(crate) fn mask(ip: IpAddr, prefix_len: u8) -> IpAddr {
 /// How client addresses become keys: IPv6 addresses grouped by prefix (a /64 by
 /// default, since one IPv6 subscriber is handed a whole /64 or more), IPv4 by a
 /// prefix too (/32 by default: one key per address). IPv4-mapped IPv6 addresses
-/// are treated as IPv4.
+/// (`::ffff:a.b.c.d`) and IPv4 clients translated by NAT64's well-known prefix
+/// (`64:ff9b::a.b.c.d`, RFC 6052) are treated as the IPv4 address they carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IpGrouping {
     v4_prefix: u8,
@@ -212,10 +213,25 @@ impl IpGrouping {
     /// The key of a client address.
     #[inline]
     pub(crate) fn key(&self, ip: IpAddr) -> IpAddr {
-        match ip.to_canonical() {
+        match embedded_v4(ip) {
             v4 @ IpAddr::V4(_) => mask(v4, self.v4_prefix),
             v6 @ IpAddr::V6(_) => mask(v6, self.v6_prefix),
         }
+    }
+}
+
+/// NAT64's well-known prefix, `64:ff9b::/96` (RFC 6052).
+const NAT64_WELL_KNOWN: u128 = 0x0064_ff9b_0000_0000_0000_0000_0000_0000;
+
+/// The IPv4 address an IPv6 address stands for, if it is IPv4-mapped or NAT64
+/// translated: behind an IPv6-only front with NAT64, every IPv4 client arrives
+/// from one /64, which would make them all one key.
+fn embedded_v4(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) if u128::from(v6) >> 32 == NAT64_WELL_KNOWN >> 32 => {
+            IpAddr::V4(Ipv4Addr::from(u128::from(v6) as u32))
+        }
+        other => other,
     }
 }
 
@@ -289,6 +305,10 @@ mod tests {
         assert_eq!(g.key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
         assert_eq!(g.key(ip("203.0.113.9")), ip("203.0.113.9"));
         assert_eq!(g.key(ip("::ffff:203.0.113.9")), ip("203.0.113.9"));
+        // NAT64: each translated IPv4 client keeps its own key.
+        assert_eq!(g.key(ip("64:ff9b::203.0.113.9")), ip("203.0.113.9"));
+        assert_eq!(g.key(ip("64:ff9b::198.51.100.7")), ip("198.51.100.7"));
+        assert_eq!(g.key(ip("64:ff9b:1::203.0.113.9")), ip("64:ff9b:1::"));
         let g = g.with_v6_prefix(56).unwrap().with_v4_prefix(24).unwrap();
         assert_eq!(g.key(ip("2001:db8:1:2ff::1")), ip("2001:db8:1:200::"));
         assert_eq!(g.key(ip("203.0.113.9")), ip("203.0.113.0"));
