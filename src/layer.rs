@@ -721,7 +721,8 @@ where
 
 impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, Co, Ex> {
     /// The status of a rate-limited plain HTTP response (default 429; some
-    /// stacks use 503). Must be 4xx or 5xx.
+    /// stacks use 503). Must be 4xx or 5xx. Also the status of a
+    /// [`reject_with`](Self::reject_with) response that sets none of its own.
     pub fn status(mut self, status: http::StatusCode) -> Self {
         self.mode.options.status = status;
         self
@@ -772,8 +773,10 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
 
     /// Build the response for a rate-limited (non-gRPC) request yourself, say
     /// with a JSON body. The configured rate-limit headers are added afterwards
-    /// unless the response already has them. gRPC requests keep the gRPC
-    /// rejection.
+    /// unless the response already has them. The hook's status is kept unless
+    /// it is a success (`Response::new` leaves 200): a rejection then gets the
+    /// layer's [`status`](Self::status), 429 by default. gRPC requests keep the
+    /// gRPC rejection.
     ///
     /// ```
     /// use std::time::Duration;

@@ -220,6 +220,10 @@ where
                 } else if H::CUSTOM {
                     let limited = RateLimited::new(report.decision, PolicyName::clone(name));
                     let mut response = self.hook.respond(&limited);
+                    // A rejection never goes out as a success.
+                    if response.status().is_success() {
+                        *response.status_mut() = self.options.status;
+                    }
                     headers.write_to(response.headers_mut());
                     response
                 } else {

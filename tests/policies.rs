@@ -1,7 +1,7 @@
 //! Layer behaviour in-process, on tokio's paused clock: several policies,
 //! cost, exemption, dry run, error mode, remote stores (key logging: tests/logging.rs).
 
-use http::{Request, StatusCode};
+use http::{Request, Response, StatusCode};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -419,4 +419,20 @@ async fn concurrent_requests_never_pass_the_tighter_policy_and_leave_no_stray_co
     // Every denied request gave its unit back to the loose policy.
     let loose = stores.stores().nth(1).unwrap().usage(&());
     assert_eq!(loose.used, ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejection_hook_that_sets_no_status_answers_with_the_layers() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("p", 1, Duration::from_secs(60)))
+        .status(StatusCode::SERVICE_UNAVAILABLE)
+        .reject_with(|_: &RateLimited| Response::new("slow down".to_owned()))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    assert_eq!(status(&mut svc, request("u")).await.0, StatusCode::OK);
+    let limited = svc.ready().await.unwrap().call(request("u")).await.unwrap();
+    assert_eq!(limited.body(), "slow down");
+    assert_eq!(limited.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(limited.headers().contains_key("retry-after"));
 }
