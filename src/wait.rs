@@ -195,7 +195,9 @@ pub struct WaitStats {
     pub rejected_wait_too_long: u64,
     /// Waiters dropped before their turn.
     pub cancelled: u64,
-    /// Admitted waiters dropped before they were polled (their units given back).
+    /// Admissions given back unused: waiters dropped before they were polled,
+    /// or polled only after their units had left the window (they wait again,
+    /// and their next admission counts again in `admitted_after_wait`).
     pub undone: u64,
     /// Timers (`tokio::time::Sleep`) created: at most one per waiter.
     pub timers_created: u64,

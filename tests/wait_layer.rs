@@ -448,7 +448,9 @@ async fn a_waiter_admitted_with_a_batch_but_polled_late_waits_again() {
         .build()
         .unwrap();
     let served = Served::default();
-    let svc = ServiceBuilder::new().layer(layer).service(inner(&served));
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
     for _ in 0..2 {
         svc.clone().oneshot(request("a")).await.unwrap();
     }
@@ -467,6 +469,9 @@ async fn a_waiter_admitted_with_a_batch_but_polled_late_waits_again() {
     }
     // ...so it waits for a unit of its own rather than going through now.
     assert_eq!(f2.await.unwrap().status(), StatusCode::OK);
+    let stats = layer.wait_stats();
+    assert_eq!(stats.undone, 1);
+    assert_eq!(stats.admitted_after_wait, 3);
     let at: Vec<Duration> = served.lock().unwrap().iter().map(|s| s.1 - start).collect();
     assert_eq!(at.len(), 6);
     for (i, t) in at.iter().enumerate() {

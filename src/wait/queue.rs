@@ -488,6 +488,7 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
         // forwarded now, it would count in no window. Give them back and wait
         // again in its place, as a stale backpressure reservation is renewed.
         gate.give_back(key, &admitted);
+        bump(&gate.queues().counters.undone);
         let e = &mut q.entries[i];
         e.state = State::Waiting;
         e.fits_at = None;
