@@ -56,10 +56,10 @@ impl std::ops::Deref for Spaced {
 struct Partition<K> {
     map: Map<K>,
     /// Held while a ring is created, and while a check admitted by the overflow
-    /// ring looks for its key's own ring. The creator reads
-    /// `overflow_drained_at` then inserts; the overflow check raises it then
-    /// looks: without the lock both could miss the other, and the key would
-    /// hold units in the overflow ring that its fresh ring does not count.
+    /// ring looks for its key's own ring. The creator reads the key's overflow
+    /// mark then inserts; the overflow check raises the mark then looks: without
+    /// the lock both could miss the other, and the key would hold units in the
+    /// overflow ring that its new ring does not count.
     creating: Mutex<()>,
 }
 
@@ -77,6 +77,10 @@ impl<K> Partition<K> {
 /// empty, which a limiter pays up front.
 const KEYS_PER_PARTITION: usize = 4096;
 const MAX_PARTITIONS: usize = 256;
+/// Groups of keys with their own overflow mark (8 KB per limiter). A key that
+/// shares its group's mark with one the overflow ring counted starts its ring
+/// as a copy of the overflow ring: more groups, fewer such keys.
+const OVERFLOW_MARKS: usize = 1024;
 
 /// A keyed sliding-window rate limiter, usable on its own or behind the tower layer.
 ///
@@ -92,9 +96,12 @@ const MAX_PARTITIONS: usize = 256;
 /// overflow ring (same policy) with every other untracked key. Tracked keys are
 /// never evicted while they hold counts in the window, so flooding the limiter with
 /// new keys can never erase, and so reset, a heavy user's count. The flood only
-/// competes with itself (and with other new keys) in the overflow ring. While that
-/// ring holds units in the window, new keys keep going to it even if room frees
-/// up, so no key ever leaves it for a fresh ring with units still in its window.
+/// competes with itself (and with other new keys) in the overflow ring. Once room
+/// frees up, new keys are tracked again. A key the overflow ring counted within
+/// the last window (or one sharing its mark: one of 1024, by hash) starts its
+/// own ring as a copy of the overflow ring's counts, so it never sheds units
+/// still in its window; that copy over-counts (the other keys' units too) for at
+/// most one window.
 ///
 /// **Time:** by default a limiter reads an [`AutoClock`], chosen when it is built:
 /// tokio's clock inside a paused tokio runtime (tests drive it with
@@ -145,9 +152,10 @@ pub struct Limiter<K, C = AutoClock> {
     /// the eviction (or a clock that stepped back) is never recorded in a span
     /// beside the evicted units, which the new ring cannot see.
     swept_at: AtomicU64,
-    /// The first slot at which every unit admitted by the overflow ring so far has
-    /// left the window. New keys are tracked only from then on.
-    overflow_drained_at: AtomicU64,
+    /// Per group of keys (by hash), the first slot at which every unit the
+    /// overflow ring admitted for them has left the window. A key created before
+    /// then starts as a copy of the overflow ring.
+    overflow_marks: Box<[AtomicU64]>,
     evicted: AtomicU64,
     overflowed: AtomicU64,
     counters: Counters,
@@ -214,7 +222,7 @@ impl<C> LimiterBuilder<C> {
             full_sweep_at: AtomicU64::new(0),
             sweep_cursor: AtomicUsize::new(0),
             swept_at: AtomicU64::new(now),
-            overflow_drained_at: AtomicU64::new(0),
+            overflow_marks: (0..OVERFLOW_MARKS).map(|_| AtomicU64::new(0)).collect(),
             evicted: AtomicU64::new(0),
             overflowed: AtomicU64::new(0),
             counters: Counters::default(),
@@ -272,7 +280,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let fits = if cost > g.limit() { 0 } else { cost };
         let decision = match self.partition(key).map.pin().get(key) {
             Some(ring) => ring.peek(g, now, fits),
-            None if self.untracked_go_to_overflow(now) => {
+            None if self.untracked_go_to_overflow(key, now) => {
                 let mut d = self.overflow.peek(g, now, fits);
                 d.overflow = true;
                 d
@@ -431,13 +439,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             // A sweep publishes `swept_at` before it retires a ring, and the ring
             // leaves the map after that, so this reads the newest relevant one.
             let start = now.max(self.swept_at.load(SeqCst));
-            // While the overflow ring may hold this key's units, a fresh ring
-            // would let the key through twice: stay in the overflow.
-            if g.slot(start) < self.overflow_drained_at.load(SeqCst) {
-                self.keys.fetch_sub(1, Relaxed);
-                break;
-            }
-            let ring = match map.try_insert(key.clone(), Spaced::new(Ring::new(g, start))) {
+            // While the overflow ring may hold this key's units, an empty ring
+            // would let the key through twice: start from a copy of the overflow
+            // ring, taken after the mark was read, so it holds them.
+            let ring = if g.slot(start) < self.overflow_mark(key).load(SeqCst) {
+                self.overflow.copy(g, start)
+            } else {
+                Ring::new(g, start)
+            };
+            let ring = match map.try_insert(key.clone(), Spaced::new(ring)) {
                 Ok(ring) => ring,
                 Err(inserted_first) => {
                     // Another thread inserted it first: give the reservation back.
@@ -462,7 +472,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         d.reset_ns = d.reset_ns.saturating_add(at - now);
         d.overflow = true;
         if d.is_allowed() {
-            self.overflow_drained_at
+            self.overflow_mark(key)
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
             // A racing check may have tracked the key before seeing the line above:
             // then count these units in the key's own ring instead.
@@ -491,18 +501,26 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 
     fn try_reserve_key(&self) -> bool {
-        if self.keys.fetch_add(1, Relaxed) < self.max_keys {
-            return true;
-        }
-        self.keys.fetch_sub(1, Relaxed);
-        false
+        // Only below the cap, so `keys` never reads above it (an add then a
+        // take-back would, and could cost a racing key the last place).
+        self.keys
+            .fetch_update(Relaxed, Relaxed, |n| (n < self.max_keys).then_some(n + 1))
+            .is_ok()
     }
 
     /// Whether a key that is not tracked would be counted in the overflow ring
-    /// now (the cap is reached, or the ring still holds units in the window).
-    fn untracked_go_to_overflow(&self, now: u64) -> bool {
+    /// now (the cap is reached), or in a copy of it (the overflow ring may hold
+    /// the key's units in the window).
+    fn untracked_go_to_overflow(&self, key: &K, now: u64) -> bool {
         self.keys.load(Relaxed) >= self.max_keys
-            || self.geometry.slot(now) < self.overflow_drained_at.load(SeqCst)
+            || self.geometry.slot(now) < self.overflow_mark(key).load(SeqCst)
+    }
+
+    /// The overflow mark of `key`'s group (see `overflow_marks`).
+    fn overflow_mark(&self, key: &K) -> &AtomicU64 {
+        // The high bits: the low ones pick the partition.
+        let hash = self.partition_hasher.hash_one(key) >> 32;
+        &self.overflow_marks[hash as usize % OVERFLOW_MARKS]
     }
 
     /// Once per bucket width, the first check to notice sweeps one partition.
@@ -722,14 +740,40 @@ mod tests {
         }
         assert_eq!(l.stats().overflowed, 3);
         // Key 1 goes idle and makes room, but key 2's units are still in the
-        // window: it must not start over in a fresh ring.
+        // window: its own ring starts as a copy of the overflow ring.
         clock.set(1_200_000_000);
         assert!(!l.check(&2).is_allowed());
-        // Once the overflow ring has drained, new keys are tracked again.
+        assert_eq!(l.stats().keys_tracked, 1);
+        assert_eq!(l.usage(&2).used, 3);
         clock.set(2_600_000_000);
         assert!(l.check(&2).is_allowed());
-        assert_eq!(l.stats().keys_tracked, 1);
         assert_eq!(l.usage(&2).used, 1);
+    }
+
+    #[test]
+    fn a_cap_reached_once_does_not_send_later_keys_to_the_overflow_ring() {
+        let (l, clock) = limiter(10, 2);
+        for k in 0..3 {
+            assert!(l.check(&k).is_allowed());
+        }
+        assert_eq!(l.stats().overflowed, 1);
+        // A new key every 0.9 s for a minute: each finds room once the old ones
+        // are swept, however recently the overflow ring admitted something.
+        for key in 1_000..1_066 {
+            clock.advance(Duration::from_millis(900));
+            assert!(l.check(&key).is_allowed());
+            l.evict_idle();
+        }
+        // Only the first, while keys 0 and 1 were still in their window.
+        assert_eq!(l.stats().overflowed, 2);
+        // Once the last of them is idle, two users get their own limits, not
+        // one shared one.
+        clock.advance(Duration::from_secs(2));
+        l.evict_idle();
+        for user in [7, 8] {
+            assert_eq!((0..10).filter(|_| l.check(&user).is_allowed()).count(), 10);
+            assert!(!l.check(&user).is_allowed());
+        }
     }
 
     #[test]

@@ -289,7 +289,11 @@ enum Buckets {
 impl Ring {
     /// An empty ring entered at `now`.
     pub(crate) fn new(g: &Geometry, now: u64) -> Ring {
-        let s = g.slot(now);
+        Ring::at_slot(g, g.slot(now))
+    }
+
+    /// An empty ring entered at slot `s`.
+    fn at_slot(g: &Geometry, s: u64) -> Ring {
         let len = g.len as usize;
         let bucket = |p: usize| {
             AtomicU64::new(if p < len {
@@ -307,6 +311,26 @@ impl Ring {
                 Buckets::Boxed((0..len).map(bucket).collect())
             },
         }
+    }
+
+    /// A new ring holding this ring's counts as of `now` (a plain read: units
+    /// added meanwhile may or may not be in it), entered at the slot a check at
+    /// `now` would run at here.
+    pub(crate) fn copy(&self, g: &Geometry, now: u64) -> Ring {
+        let (s, counts) = self.counts_by_age(g, now);
+        let ring = Ring::at_slot(g, s);
+        for (age, &units) in (0..).zip(counts.iter()) {
+            // Buckets without units keep the empty ring's stale tags (and a
+            // counted slot is never before slot 0).
+            if units > 0 {
+                let units = u32::try_from(units).unwrap_or(u32::MAX - 1);
+                ring.bucket(g, s - age).store(pack(s - age, units), SeqCst);
+            }
+        }
+        let older: u64 = counts.iter().skip(1).sum();
+        let base = u32::try_from(older).ok().filter(|&b| b != NO_BASE);
+        ring.base.store(pack(s, base.unwrap_or(NO_BASE)), SeqCst);
+        ring
     }
 
     #[inline(always)]

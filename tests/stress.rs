@@ -291,3 +291,35 @@ fn two_checks_racing_for_the_last_unit_of_a_new_key() {
 fn two_checks_racing_for_the_last_unit_in_a_new_window() {
     race_for_the_last_unit("same key, new window", true);
 }
+
+/// Two threads creating new keys at a cap of one, while a third reads the
+/// stats: `keys_tracked` never reads above `max_keys`.
+#[test]
+fn keys_tracked_never_reads_above_the_cap() {
+    let limiter: Arc<Limiter<u64, ManualClock>> = Arc::new(
+        Limiter::builder(Policy::per(10, Duration::from_secs(1)).unwrap())
+            .clock(ManualClock::new())
+            .max_keys(1)
+            .build()
+            .unwrap(),
+    );
+    assert!(limiter.check(&0).is_allowed());
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let limiter = Arc::clone(&limiter);
+            thread::spawn(move || {
+                for k in 0..100_000 {
+                    limiter.check(&(1 + t + 2 * k));
+                }
+            })
+        })
+        .collect();
+    let mut highest = 0;
+    while !workers.iter().all(|w| w.is_finished()) {
+        highest = highest.max(limiter.stats().keys_tracked);
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(highest, 1);
+}
