@@ -1333,6 +1333,30 @@ mod loom_tests {
     }
 
     #[test]
+    fn a_check_that_entered_before_retirement_counts_only_outside_the_sweep_span() {
+        loom::model(|| {
+            // As above, but a read the clock in slot 0, so it enters the ring
+            // without moving `newest` and the sweep at slot 10 can retire the ring
+            // while a is between its add and its re-read. The sweep always wins
+            // (the ring stays idle at slot 10); a is refused, or admitted at slot
+            // 0, which no span of the ring replacing this one reaches.
+            let g = geometry(2, 2);
+            let ring = Arc::new(Ring::new(&g, 0));
+            assert!(ring.acquire(&g, 0, 1).is_allowed());
+            let a = {
+                let ring = ring.clone();
+                loom::thread::spawn(move || ring.try_acquire(&g, 5, 1))
+            };
+            assert!(ring.retire(&g, 100));
+            match a.join().unwrap() {
+                None => {}
+                Some(d) => assert!(d.is_allowed() && d.slot == 0, "{d:?}"),
+            }
+            assert!(ring.try_acquire(&g, 100, 1).is_none(), "retired for good");
+        });
+    }
+
+    #[test]
     fn a_stale_check_racing_an_idle_reset_is_clamped_forward() {
         bounded(3).check(|| {
             // Slot 0 is full. a reads the clock in slot 0; b arrives in slot 10 and
