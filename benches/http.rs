@@ -13,13 +13,7 @@
 //! cargo bench --bench http        # 15 rounds, 0.5 s per run, 32 connections (~3 min)
 //! HTTP_BENCH_MS=1000 HTTP_BENCH_CONNS=64 HTTP_BENCH_ROUNDS=30 cargo bench --bench http
 //! HTTP_BENCH_ARMS='routed, ~all;again' cargo bench --bench http  # only the matching arms
-//! HTTP_BENCH_CLIENT=wrk HTTP_BENCH_ROUNDS=9 cargo bench --bench http  # load from wrk (~4 min)
 //! ```
-//!
-//! The hyper clients run in the server's process and parse every response into
-//! a header map, so the client's cost of the rate-limit headers counts too.
-//! `HTTP_BENCH_CLIENT=wrk` loads the server from `wrk` instead (a separate
-//! process, still on the same two cores), whose parser is far cheaper.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -86,11 +80,6 @@ where
     S::Future: Send,
 {
     let (addr, server) = serve(app).await;
-    if std::env::var("HTTP_BENCH_CLIENT").is_ok_and(|c| c == "wrk") {
-        let outcome = load_wrk(label, addr, conns, duration).await;
-        server.abort();
-        return outcome;
-    }
     let uri: hyper::Uri = format!("http://{addr}/").parse().unwrap();
     let started = Instant::now();
     let deadline = started + duration;
@@ -139,73 +128,6 @@ where
         secs,
         p50: pct(0.50),
         p99: pct(0.99),
-    }
-}
-
-/// The same load from `wrk` (one thread, `conns` connections), a separate
-/// process whose HTTP parser neither allocates nor builds a header map: the
-/// client's own cost of parsing the rate-limit headers then stays out of the
-/// figures. wrk runs whole seconds, so an arm takes at least one.
-async fn load_wrk(
-    label: &'static str,
-    addr: SocketAddr,
-    conns: usize,
-    duration: Duration,
-) -> Outcome {
-    let secs = duration.as_secs_f64().ceil().max(1.0) as u64;
-    let out = tokio::process::Command::new("wrk")
-        .args([
-            "-t1",
-            &format!("-c{conns}"),
-            &format!("-d{secs}s"),
-            "--latency",
-        ])
-        .arg(format!("http://{addr}/"))
-        .output()
-        .await
-        .expect("HTTP_BENCH_CLIENT=wrk needs wrk on the PATH (apt-get install wrk)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |prefix: &str| {
-        text.lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix(prefix))
-            .map(|rest| rest.split_whitespace().next().unwrap_or("").to_owned())
-    };
-    let latency = |prefix: &str| {
-        let v = field(prefix).unwrap_or_default();
-        let (num, unit) = v.split_at(v.find(|c: char| c.is_alphabetic()).unwrap_or(v.len()));
-        let n: f64 = num.parse().unwrap_or(0.0);
-        let scale = match unit {
-            "us" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            _ => 0.0,
-        };
-        Duration::from_secs_f64(n * scale)
-    };
-    // "12345 requests in 1.00s, 1.23MB read"
-    let summary = text
-        .lines()
-        .find(|l| l.contains(" requests in "))
-        .unwrap_or_else(|| panic!("unexpected wrk output:\n{text}"));
-    let mut words = summary.split_whitespace();
-    let requests: u64 = words.next().unwrap().parse().unwrap();
-    let secs: f64 = words
-        .nth(2)
-        .unwrap()
-        .trim_end_matches(',')
-        .trim_end_matches('s')
-        .parse()
-        .unwrap();
-    let limited: u64 = field("Non-2xx or 3xx responses:").map_or(0, |n| n.parse().unwrap());
-    Outcome {
-        label,
-        requests,
-        ok: requests - limited,
-        limited,
-        secs,
-        p50: latency("50%"),
-        p99: latency("99%"),
     }
 }
 
@@ -345,13 +267,8 @@ fn main() {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let client = if std::env::var("HTTP_BENCH_CLIENT").is_ok_and(|c| c == "wrk") {
-            "load from wrk (1 thread) in its own process"
-        } else {
-            "server and hyper clients in one process"
-        };
         println!(
-            "\n{conns} connections, {duration:?} per arm, {rounds} interleaved rounds, loopback, {client}"
+            "\n{conns} connections, {duration:?} per arm, {rounds} interleaved rounds, loopback, server and load in one process"
         );
         println!("ratio: median over rounds of (arm / the no-limiter run beside it), with the lowest and highest round\n");
         println!("| arm | requests/s | vs no limiter | rounds' range | p50 | p99 | 2xx | 429 |");
