@@ -238,11 +238,13 @@ where
     if let Some(result) = waiter.decided() {
         return respond_now(svc, &shared, req, &key, result);
     }
-    // A clone, readied only once the request is admitted: the instance
-    // poll_ready readied stays behind for the next call, so a waiting request
-    // holds none of the inner service's capacity (a ConcurrencyLimit permit, a
-    // Buffer slot) that other keys' requests need meanwhile.
+    // A clone, readied only once the request is admitted. The instance
+    // poll_ready readied is dropped (a fresh clone takes its place), giving back
+    // what it reserved, a ConcurrencyLimit permit or a Buffer slot: a waiting
+    // request holds none of the inner service's capacity, which other keys'
+    // requests (or, on a reused service, this request's own clone) need.
     let mut inner = svc.inner.clone();
+    drop(std::mem::replace(&mut svc.inner, inner.clone()));
     ResponseFuture::deciding(Box::pin(async move {
         let result = waiter.await;
         let headers = match outcome::<S, Req, K, X, St, M, Co, Ex>(&shared, &req, &key, result) {

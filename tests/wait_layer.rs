@@ -525,3 +525,29 @@ async fn backpressure_gives_back_the_unit_an_exempt_request_was_readied_with() {
     assert_eq!(Instant::now() - ready_at, Duration::ZERO);
     assert_eq!(served.lock().unwrap().len(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reused_service_over_a_concurrency_limit_serves_its_waiting_request() {
+    let layer = SlidingWindowLayer::builder(by_key)
+        .policy(per(1, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service(inner(&served));
+    let start = Instant::now();
+    for _ in 0..2 {
+        // One instance, ready then call: the second request waits for its turn
+        // and then needs the permit the readied instance would otherwise keep.
+        let call = svc.ready().await.unwrap().call(request("a"));
+        let response = tokio::time::timeout(ms(5000), call).await.expect("hung");
+        assert_eq!(response.unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(Instant::now() - start, ms(1600));
+}
