@@ -635,3 +635,28 @@ async fn the_layer_enforces_a_redis_store_shared_by_two_instances() {
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
 }
+
+#[tokio::test]
+async fn a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh() {
+    let test = "a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh";
+    let Some(_) = shared_redis(test).await else {
+        return;
+    };
+    let prefix = unique_prefix(test);
+    // The old deploy: 100 ms buckets. Its slot numbers are 100 times those of
+    // the new deploy's 10 s buckets, under the same key.
+    let old = store(policy(5, Duration::from_secs(1), 10), &prefix);
+    assert!(old.check_n(&"alice", 1).await.unwrap().is_allowed());
+    let new = store(policy(5, Duration::from_secs(100), 10), &prefix);
+    let first = new.check_n(&"alice", 1).await.unwrap();
+    assert!(first.is_allowed(), "held years ahead: {first:?}");
+    for _ in 0..4 {
+        assert!(new.check_n(&"alice", 1).await.unwrap().is_allowed());
+    }
+    let denied = new.check_n(&"alice", 1).await.unwrap();
+    assert_eq!(denied.outcome(), Outcome::Denied);
+    assert!(
+        denied.retry_after().unwrap() <= Duration::from_secs(110),
+        "{denied:?}"
+    );
+}

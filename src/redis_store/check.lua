@@ -52,6 +52,15 @@ for i = 1, #fields, 2 do
 end
 -- A clock that steps back (a failover to a host whose clock lags) is held at the
 -- key's newest slot, as the in-memory ring does: nothing counted expires early.
+-- A newest slot more than a window ahead is not a lagging clock worth holding
+-- for: a clock that far behind, or slots of another bucket width under the same
+-- key (a prefix kept across a policy change). Holding would deny the key until
+-- the clock got there, for years in the second case: start the key afresh.
+if newest > s + n then
+  redis.call('DEL', key)
+  fields = {}
+  newest = -1
+end
 if newest > s then s = newest end
 
 -- counts[a] = units recorded at slot s - a, for ages 0..=N (sparse: nil is 0).

@@ -43,17 +43,21 @@ pub(crate) struct DenyCache {
     map: DashMap<Box<[u8]>, Entry, foldhash::fast::RandomState>,
     capacity: usize,
     limit: u32,
+    /// The longest a denial can last (a window and a bucket): no entry outlives
+    /// it, whatever a (misconfigured) store answered.
+    longest: Duration,
     origin: Instant,
     /// Milliseconds since `origin` before which no sweep runs.
     next_sweep_ms: AtomicU64,
 }
 
 impl DenyCache {
-    pub(crate) fn new(capacity: usize, limit: u32) -> DenyCache {
+    pub(crate) fn new(capacity: usize, limit: u32, longest: Duration) -> DenyCache {
         DenyCache {
             map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             capacity,
             limit,
+            longest,
             origin: Instant::now(),
             next_sweep_ms: AtomicU64::new(0),
         }
@@ -84,7 +88,7 @@ impl DenyCache {
             return;
         };
         let entry = Entry {
-            until: sent + retry_after,
+            until: sent + retry_after.min(self.longest),
             cost,
             remaining: denial.remaining(),
             reset_at: sent + denial.reset(),
@@ -148,7 +152,7 @@ mod tests {
 
     #[test]
     fn denies_the_same_cost_until_retry_after() {
-        let cache = DenyCache::new(10, 5);
+        let cache = DenyCache::new(10, 5, Duration::from_secs(60));
         let t0 = Instant::now();
         cache.insert(b"k".to_vec().into(), t0, 2, &denial(100, 1));
         let hit = cache
@@ -172,7 +176,7 @@ mod tests {
 
     #[test]
     fn stays_within_capacity_and_makes_room_from_expired_entries() {
-        let cache = DenyCache::new(3, 5);
+        let cache = DenyCache::new(3, 5, Duration::from_secs(60));
         let t0 = Instant::now() - Duration::from_secs(1);
         for k in 0..3u8 {
             cache.insert(vec![k].into(), t0, 1, &denial(10, 0));
@@ -187,8 +191,21 @@ mod tests {
     }
 
     #[test]
+    fn no_entry_outlives_the_longest_possible_denial() {
+        let cache = DenyCache::new(3, 5, Duration::from_millis(200));
+        let t0 = Instant::now();
+        // A store answering a wait of 1000 s (another policy's data, say).
+        cache.insert(b"k".to_vec().into(), t0, 1, &denial(1_000_000, 0));
+        let hit = cache.check(b"k", 1, t0).unwrap();
+        assert_eq!(hit.retry_after(), Some(Duration::from_millis(200)));
+        assert!(cache
+            .check(b"k", 1, t0 + Duration::from_millis(200))
+            .is_none());
+    }
+
+    #[test]
     fn remove_forgets_a_key() {
-        let cache = DenyCache::new(3, 5);
+        let cache = DenyCache::new(3, 5, Duration::from_secs(60));
         let t0 = Instant::now();
         cache.insert(b"k".to_vec().into(), t0, 1, &denial(1000, 0));
         cache.remove(b"k");

@@ -302,9 +302,13 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Prefix of every Redis key (default `tsw:<policy name>:<window µs>:<buckets>:`,
-    /// so policies with other geometries never share a key). It must not contain
-    /// `{` or `}`: the key's hash tag follows it.
+    /// Prefix of every Redis key (default
+    /// `tsw:<policy name>:<limit>:<window µs>:<buckets>:`, so policies of other
+    /// limits or geometries never share a key; two layers whose policies differ
+    /// in none of these, say two routes on the default name, do share one: name
+    /// them). It must not contain `{` or `}`: the key's hash tag follows it. A
+    /// custom prefix kept across a change of bucket width meets the old slots:
+    /// a key whose newest slot is more than a window ahead starts afresh.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
         self
@@ -398,8 +402,9 @@ impl RedisStoreBuilder {
         let prefix = match self.prefix {
             Some(prefix) => prefix,
             None => format!(
-                "tsw:{}:{}:{}:",
+                "tsw:{}:{}:{}:{}:",
                 policy.name(),
+                policy.limit(),
                 policy.window().as_micros(),
                 buckets
             ),
@@ -428,8 +433,13 @@ impl RedisStoreBuilder {
             }
         };
         let inner = Arc::new(Inner {
-            deny_cache: (self.deny_cache_capacity > 0)
-                .then(|| DenyCache::new(self.deny_cache_capacity, policy.limit())),
+            deny_cache: (self.deny_cache_capacity > 0).then(|| {
+                DenyCache::new(
+                    self.deny_cache_capacity,
+                    policy.limit(),
+                    policy.window() + policy.bucket_width(),
+                )
+            }),
             limit: policy.limit(),
             buckets,
             width_us,
