@@ -35,9 +35,12 @@ use tower_service::Service;
 /// A service rate-limited by a [`SlidingWindowLayer`].
 ///
 /// `poll_ready` is the inner service's (with [`OnLimit::Backpressure`], it is
-/// first `Pending` until a unit is reserved for the next `call`); the limit is
-/// decided in `call`, so a request over the limit never waits for the inner
-/// service. `call` never panics, even when `poll_ready` was skipped.
+/// first `Pending` until a unit is reserved for the next `call`), as tower's
+/// own middleware does: backpressure from below reaches the caller. The limit
+/// is decided in `call`, so a request is never counted while it waits for the
+/// inner service; but while the inner service is not ready (a saturated
+/// `ConcurrencyLimit` below), a request over the limit waits there for its
+/// answer too. `call` never panics, even when `poll_ready` was skipped.
 ///
 /// With the in-memory [`Limiter`] (or any store that answers through
 /// [`Store::check_now`]) the decision is made inside `call`: an allowed request
@@ -46,7 +49,8 @@ use tower_service::Service;
 /// is awaited in the response future; the inner service readied by
 /// `poll_ready` moves into that future and a clone takes its place, which is
 /// why the inner service must be `Clone` (axum, hyper and tonic services are;
-/// wrap others in tower's `Buffer`).
+/// wrap others in tower's `Buffer`). For one tonic service among several, wrap
+/// it with `tonic::service::LayerExt::named_layer`, which keeps its name.
 pub struct SlidingWindow<
     S,
     K,
