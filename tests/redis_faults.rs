@@ -308,3 +308,95 @@ async fn the_layer_answers_503_when_failing_closed_and_forwards_when_failing_ope
         }
     }
 }
+
+/// A TCP proxy to `target`: `cut()` turns every connection open at that moment
+/// into a black hole (bytes read and dropped, nothing forwarded, the socket
+/// kept open), as a vanished host or a stale conntrack entry does; new
+/// connections are forwarded.
+struct Proxy {
+    port: u16,
+    epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Proxy {
+    async fn start(target: u16) -> Proxy {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let epoch = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let shared = epoch.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let epoch = shared.clone();
+                let born = epoch.load(SeqCst);
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up_epoch = epoch.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 65536];
+                        while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                            if up_epoch.load(SeqCst) == born
+                                && sw.write_all(&buf[..n]).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                    });
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                        if epoch.load(SeqCst) == born && cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                    // A black hole never closes its side.
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        Proxy { port, epoch }
+    }
+
+    fn cut(&self) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_connection_gone_silent_is_replaced_after_timeouts_in_a_row() {
+    let test = "a_connection_gone_silent_is_replaced_after_timeouts_in_a_row";
+    let Some(server) = RedisServer::start(test).await else {
+        return;
+    };
+    let proxy = Proxy::start(server.port).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let store = store(&url, FailurePolicy::Closed, &unique_prefix(test));
+    assert!(store.check_n(&"k", 1).await.unwrap().is_allowed());
+    // The connection goes dark; Redis is up and reachable on a new one.
+    proxy.cut();
+    let started = Instant::now();
+    let mut failures = 0;
+    loop {
+        match store.check_n(&"k", 1).await {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                break;
+            }
+            Err(_) => failures += 1,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still failing after {failures} timeouts: the silent connection was kept"
+        );
+    }
+    assert!(failures >= 3, "{failures}");
+    assert!(store.stats().timeouts >= 3);
+}

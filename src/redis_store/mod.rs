@@ -13,7 +13,9 @@
 //!
 //! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
-//! reconnects by itself in the background when Redis returns.
+//! reconnects by itself in the background when Redis returns; after 3
+//! timeouts in a row the store replaces it, since a connection gone silent
+//! without closing is not one the manager notices.
 //! [`RedisStoreBuilder::connection`] takes any other `redis` crate async
 //! connection instead, such as a cluster connection for Redis Cluster.
 
@@ -33,8 +35,8 @@ use deny_cache::DenyCache;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -47,6 +49,13 @@ const LUA_EXACT: u128 = 1 << 53;
 const BACKGROUND_WARM_UP: Duration = Duration::from_secs(10);
 /// At most one failure warning per this interval (the counters keep the total).
 const WARN_INTERVAL_MS: u64 = 1000;
+/// Timeouts in a row after which the managed connection is replaced: a
+/// connection gone silent without closing (a peer vanished without a reset) is
+/// otherwise kept until the OS gives up on it, many minutes later.
+const REPLACE_AFTER_TIMEOUTS: u32 = 3;
+/// At most one replacement per this many milliseconds, so a Redis that is
+/// merely slow under load is not also flooded with new connections.
+const REPLACE_INTERVAL_MS: u64 = 1000;
 
 /// What a [`RedisStore`] does when Redis is down, slower than the timeout, or
 /// answers with an error. There is no default: the choice is the operator's.
@@ -422,10 +431,17 @@ impl RedisStoreBuilder {
                     .set_max_delay(self.reconnect_max_delay)
                     // Pipelined decisions from many concurrent requests queue here.
                     .set_pipeline_buffer_size(1024);
-                Connection::Managed(
-                    ConnectionManager::new_lazy_with_config(client, config)
-                        .map_err(|_| ConfigError::Invalid("invalid Redis connection settings"))?,
-                )
+                let current =
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                        .map_err(|_| ConfigError::Invalid("invalid Redis connection settings"))?;
+                Connection::Managed(Box::new(Managed {
+                    client,
+                    config,
+                    current: RwLock::new(current),
+                    timeouts_in_a_row: AtomicU32::new(0),
+                    origin: Instant::now(),
+                    replaced_at_ms: AtomicU64::new(0),
+                }))
             }
             (None, Some(connection)) => connection,
             (None, None) => {
@@ -492,15 +508,68 @@ where
 
 /// The store's connection: managed (reconnects by itself) or the caller's own.
 enum Connection {
-    Managed(ConnectionManager),
+    Managed(Box<Managed>),
     Custom(Box<dyn AsyncConnection>),
+}
+
+/// The `redis` crate's `ConnectionManager`, which reconnects when its
+/// connection drops or errors, replaced by a fresh one after
+/// [`REPLACE_AFTER_TIMEOUTS`] timeouts in a row (it does not reconnect on a
+/// timeout, so a connection gone silent would be kept).
+struct Managed {
+    client: Client,
+    config: ConnectionManagerConfig,
+    current: RwLock<ConnectionManager>,
+    timeouts_in_a_row: AtomicU32,
+    origin: Instant,
+    replaced_at_ms: AtomicU64,
 }
 
 impl Connection {
     fn handle(&self) -> Handle {
         match self {
-            Connection::Managed(conn) => Handle::Managed(conn.clone()),
+            Connection::Managed(m) => {
+                let current = m.current.read().unwrap_or_else(|e| e.into_inner());
+                Handle::Managed(current.clone())
+            }
             Connection::Custom(conn) => Handle::Custom(conn.clone_box()),
+        }
+    }
+
+    /// A reply came back in time.
+    fn answered(&self) {
+        if let Connection::Managed(m) = self {
+            if m.timeouts_in_a_row.load(Relaxed) != 0 {
+                m.timeouts_in_a_row.store(0, Relaxed);
+            }
+        }
+    }
+
+    /// A request timed out; after enough in a row, start a fresh connection
+    /// (lazily: it connects on its first request). Requests already sent on the
+    /// old one finish or time out there.
+    fn timed_out(&self) {
+        let Connection::Managed(m) = self else {
+            return;
+        };
+        if m.timeouts_in_a_row.fetch_add(1, Relaxed) + 1 < REPLACE_AFTER_TIMEOUTS {
+            return;
+        }
+        // Offset by one interval, so the first replacement may come at once.
+        let now_ms = m.origin.elapsed().as_millis() as u64 + REPLACE_INTERVAL_MS;
+        let last = m.replaced_at_ms.load(Relaxed);
+        if now_ms < last + REPLACE_INTERVAL_MS
+            || m.replaced_at_ms
+                .compare_exchange(last, now_ms, Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        m.timeouts_in_a_row.store(0, Relaxed);
+        if let Ok(fresh) =
+            ConnectionManager::new_lazy_with_config(m.client.clone(), m.config.clone())
+        {
+            *m.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         }
     }
 }
@@ -625,7 +694,12 @@ impl Inner {
         // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
         let reply =
             tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<i64>>(&mut conn));
-        match reply.await {
+        let reply = reply.await;
+        match &reply {
+            Err(_) => self.conn.timed_out(),
+            Ok(_) => self.conn.answered(),
+        }
+        match reply {
             Ok(Ok(reply)) => self.parse(&reply, cost).ok_or(Failure::Reply),
             Ok(Err(e)) => Err(Failure::Redis(e)),
             Err(_) => Err(Failure::Timeout),
@@ -736,9 +810,12 @@ impl Inner {
         let mut conn = self.conn.handle();
         let reply = tokio::time::timeout(self.timeout, invocation.invoke_async::<i64>(&mut conn));
         match reply.await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => self.conn.answered(),
             Ok(Err(e)) => self.note_failure(&Failure::Redis(e)),
-            Err(_) => self.note_failure(&Failure::Timeout),
+            Err(_) => {
+                self.conn.timed_out();
+                self.note_failure(&Failure::Timeout)
+            }
         }
     }
 }
