@@ -61,6 +61,20 @@ fn by_key(req: &Request<()>) -> Option<String> {
         .map(str::to_owned)
 }
 
+type ByKey = fn(&Request<()>) -> Option<String>;
+
+/// A layer keyed by `x-key` that waits up to 10 s, behind up to 15 others.
+fn waiting(limit: u32) -> SlidingWindowLayer<String, ByKey> {
+    SlidingWindowLayer::builder(by_key as ByKey)
+        .policy(per(limit, 1500))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn waiting_requests_are_served_in_turn_and_a_too_long_wait_is_rejected_at_once() {
     let start = Instant::now();
@@ -121,14 +135,7 @@ async fn waiting_requests_are_served_in_turn_and_a_too_long_wait_is_rejected_at_
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_waiting_lets_the_next_one_in_earlier() {
     let start = Instant::now();
-    let layer = SlidingWindowLayer::builder(by_key)
-        .policy(per(1, 1500))
-        .on_limit(OnLimit::Wait {
-            max_wait: ms(10_000),
-            max_queue: 16,
-        })
-        .build()
-        .unwrap();
+    let layer = waiting(1);
     let served = Served::default();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
@@ -410,14 +417,7 @@ async fn an_axum_app_with_backpressure_serves_every_request_in_turn() {
 
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_holds_none_of_the_inner_services_capacity() {
-    let layer = SlidingWindowLayer::builder(by_key)
-        .policy(per(1, 1500))
-        .on_limit(OnLimit::Wait {
-            max_wait: ms(10_000),
-            max_queue: 16,
-        })
-        .build()
-        .unwrap();
+    let layer = waiting(1);
     let served = Served::default();
     let svc = ServiceBuilder::new()
         .layer(layer)
@@ -439,14 +439,7 @@ async fn a_waiting_request_holds_none_of_the_inner_services_capacity() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_admitted_with_a_batch_but_polled_late_waits_again() {
     let start = Instant::now();
-    let layer = SlidingWindowLayer::builder(by_key)
-        .policy(per(2, 1500)) // 15 buckets of 100 ms
-        .on_limit(OnLimit::Wait {
-            max_wait: ms(10_000),
-            max_queue: 16,
-        })
-        .build()
-        .unwrap();
+    let layer = waiting(2);
     let served = Served::default();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
@@ -528,14 +521,7 @@ async fn backpressure_gives_back_the_unit_an_exempt_request_was_readied_with() {
 
 #[tokio::test(start_paused = true)]
 async fn a_reused_service_over_a_concurrency_limit_serves_its_waiting_request() {
-    let layer = SlidingWindowLayer::builder(by_key)
-        .policy(per(1, 1500))
-        .on_limit(OnLimit::Wait {
-            max_wait: ms(10_000),
-            max_queue: 16,
-        })
-        .build()
-        .unwrap();
+    let layer = waiting(1);
     let served = Served::default();
     let mut svc = ServiceBuilder::new()
         .layer(layer)
