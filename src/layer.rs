@@ -776,7 +776,10 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// unless the response already has them. The hook's status is kept unless
     /// it is a success (`Response::new` leaves 200): a rejection then gets the
     /// layer's [`status`](Self::status), 429 by default. gRPC requests keep the
-    /// gRPC rejection.
+    /// gRPC rejection. The response body must still implement `Default`: the
+    /// answers to a missing key, a store that is down and gRPC requests are
+    /// built with an empty body (with a body type that has no default, such as
+    /// `Either`, map the inner service's body to a boxed one first).
     ///
     /// ```
     /// use std::time::Duration;
