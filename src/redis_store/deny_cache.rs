@@ -19,9 +19,9 @@
 //! cache may deny units another instance gave back: the safe side, never an
 //! over-admission.
 
+use super::Every;
 use crate::decision::{Decision, Outcome};
 use dashmap::DashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// How often a full cache may be swept for expired entries.
@@ -46,9 +46,7 @@ pub(crate) struct DenyCache {
     /// The longest a denial can last (a window and a bucket): no entry outlives
     /// it, whatever a (misconfigured) store answered.
     longest: Duration,
-    origin: Instant,
-    /// Milliseconds since `origin` before which no sweep runs.
-    next_sweep_ms: AtomicU64,
+    sweeps: Every,
 }
 
 impl DenyCache {
@@ -58,8 +56,7 @@ impl DenyCache {
             capacity,
             limit,
             longest,
-            origin: Instant::now(),
-            next_sweep_ms: AtomicU64::new(0),
+            sweeps: Every::new(SWEEP_INTERVAL),
         }
     }
 
@@ -110,19 +107,7 @@ impl DenyCache {
 
     /// Drop expired entries, at most once per [`SWEEP_INTERVAL`].
     fn sweep(&self, now: Instant) {
-        let now_ms = now.saturating_duration_since(self.origin).as_millis() as u64;
-        let next = self.next_sweep_ms.load(Relaxed);
-        if now_ms < next
-            || self
-                .next_sweep_ms
-                .compare_exchange(
-                    next,
-                    now_ms + SWEEP_INTERVAL.as_millis() as u64,
-                    Relaxed,
-                    Relaxed,
-                )
-                .is_err()
-        {
+        if !self.sweeps.due(now) {
             return;
         }
         self.map.retain(|_, e| now < e.until);

@@ -30,7 +30,7 @@ use crate::policy::{Policy, Precision};
 use crate::stats::bump;
 use crate::store::{Store, StoreError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisError, Script};
+use ::redis::{Client, FromRedisValue, RedisError, Script, ScriptInvocation};
 use deny_cache::DenyCache;
 use std::fmt;
 use std::future::Future;
@@ -48,14 +48,44 @@ const LUA_EXACT: u128 = 1 << 53;
 /// How long the background task started by `build` keeps trying to connect.
 const BACKGROUND_WARM_UP: Duration = Duration::from_secs(10);
 /// At most one failure warning per this interval (the counters keep the total).
-const WARN_INTERVAL_MS: u64 = 1000;
+const WARN_INTERVAL: Duration = Duration::from_secs(1);
 /// Timeouts in a row after which the managed connection is replaced: a
 /// connection gone silent without closing (a peer vanished without a reset) is
 /// otherwise kept until the OS gives up on it, many minutes later.
 const REPLACE_AFTER_TIMEOUTS: u32 = 3;
-/// At most one replacement per this many milliseconds, so a Redis that is
-/// merely slow under load is not also flooded with new connections.
-const REPLACE_INTERVAL_MS: u64 = 1000;
+/// At most one replacement per this interval, so a Redis that is merely slow
+/// under load is not also flooded with new connections.
+const REPLACE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Lets one caller through per interval, without a lock: the first to find the
+/// interval over wins a compare-and-swap; the very first call is let through.
+struct Every {
+    interval_ms: u64,
+    origin: Instant,
+    /// Milliseconds since `origin` before which no one is let through.
+    next_ms: AtomicU64,
+}
+
+impl Every {
+    fn new(interval: Duration) -> Every {
+        Every {
+            interval_ms: interval.as_millis() as u64,
+            origin: Instant::now(),
+            next_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the caller at `now` is the one let through.
+    fn due(&self, now: Instant) -> bool {
+        let now_ms = now.saturating_duration_since(self.origin).as_millis() as u64;
+        let next = self.next_ms.load(Relaxed);
+        now_ms >= next
+            && self
+                .next_ms
+                .compare_exchange(next, now_ms + self.interval_ms, Relaxed, Relaxed)
+                .is_ok()
+    }
+}
 
 /// What a [`RedisStore`] does when Redis is down, slower than the timeout, or
 /// answers with an error. There is no default: the choice is the operator's.
@@ -170,8 +200,7 @@ struct Inner {
     closed_retry_after: Duration,
     deny_cache: Option<DenyCache>,
     counters: Counters,
-    origin: Instant,
-    next_warn_ms: AtomicU64,
+    warnings: Every,
 }
 
 /// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
@@ -439,8 +468,7 @@ impl RedisStoreBuilder {
                     config,
                     current: RwLock::new(current),
                     timeouts_in_a_row: AtomicU32::new(0),
-                    origin: Instant::now(),
-                    replaced_at_ms: AtomicU64::new(0),
+                    replacements: Every::new(REPLACE_INTERVAL),
                 }))
             }
             (None, Some(connection)) => connection,
@@ -469,8 +497,7 @@ impl RedisStoreBuilder {
             failure: self.failure,
             closed_retry_after: self.closed_retry_after,
             counters: Counters::default(),
-            origin: Instant::now(),
-            next_warn_ms: AtomicU64::new(0),
+            warnings: Every::new(WARN_INTERVAL),
         });
         let store = RedisStore { inner };
         // Connect and load the scripts now, in the background, so the first request
@@ -521,8 +548,7 @@ struct Managed {
     config: ConnectionManagerConfig,
     current: RwLock<ConnectionManager>,
     timeouts_in_a_row: AtomicU32,
-    origin: Instant,
-    replaced_at_ms: AtomicU64,
+    replacements: Every,
 }
 
 impl Connection {
@@ -552,16 +578,8 @@ impl Connection {
         let Connection::Managed(m) = self else {
             return;
         };
-        if m.timeouts_in_a_row.fetch_add(1, Relaxed) + 1 < REPLACE_AFTER_TIMEOUTS {
-            return;
-        }
-        // Offset by one interval, so the first replacement may come at once.
-        let now_ms = m.origin.elapsed().as_millis() as u64 + REPLACE_INTERVAL_MS;
-        let last = m.replaced_at_ms.load(Relaxed);
-        if now_ms < last + REPLACE_INTERVAL_MS
-            || m.replaced_at_ms
-                .compare_exchange(last, now_ms, Relaxed, Relaxed)
-                .is_err()
+        if m.timeouts_in_a_row.fetch_add(1, Relaxed) + 1 < REPLACE_AFTER_TIMEOUTS
+            || !m.replacements.due(Instant::now())
         {
             return;
         }
@@ -690,19 +708,27 @@ impl Inner {
         if let Some(now_us) = now_us {
             invocation.arg(now_us);
         }
+        let reply: Vec<i64> = self.invoke(&invocation).await?;
+        self.parse(&reply, cost).ok_or(Failure::Reply)
+    }
+
+    /// One script call within the timeout, telling the connection whether it
+    /// was answered (for its replacement after timeouts in a row).
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, Failure> {
         let mut conn = self.conn.handle();
         // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
-        let reply =
-            tokio::time::timeout(self.timeout, invocation.invoke_async::<Vec<i64>>(&mut conn));
-        let reply = reply.await;
-        match &reply {
-            Err(_) => self.conn.timed_out(),
-            Ok(_) => self.conn.answered(),
-        }
-        match reply {
-            Ok(Ok(reply)) => self.parse(&reply, cost).ok_or(Failure::Reply),
-            Ok(Err(e)) => Err(Failure::Redis(e)),
-            Err(_) => Err(Failure::Timeout),
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+            Ok(reply) => {
+                self.conn.answered();
+                reply.map_err(Failure::Redis)
+            }
+            Err(_) => {
+                self.conn.timed_out();
+                Err(Failure::Timeout)
+            }
         }
     }
 
@@ -761,21 +787,14 @@ impl Inner {
         StoreError::new(failure.to_string(), self.closed_retry_after)
     }
 
-    /// Count a failure and warn, at most once per [`WARN_INTERVAL_MS`]: a Redis
+    /// Count a failure and warn, at most once per [`WARN_INTERVAL`]: a Redis
     /// outage under load must not turn into a flood of log lines.
     fn note_failure(&self, failure: &Failure) {
         bump(&self.counters.failures);
         if matches!(failure, Failure::Timeout) {
             bump(&self.counters.timeouts);
         }
-        let now_ms = self.origin.elapsed().as_millis() as u64;
-        let next = self.next_warn_ms.load(Relaxed);
-        if now_ms >= next
-            && self
-                .next_warn_ms
-                .compare_exchange(next, now_ms + WARN_INTERVAL_MS, Relaxed, Relaxed)
-                .is_ok()
-        {
+        if self.warnings.due(Instant::now()) {
             tracing::warn!(
                 failures = self.counters.failures.load(Relaxed),
                 failed_open = self.counters.failed_open.load(Relaxed),
@@ -807,15 +826,8 @@ impl Inner {
         bump(&self.counters.undos);
         let mut invocation = self.undo.prepare_invoke();
         invocation.key(self.full_key(&user)).arg(slot).arg(cost);
-        let mut conn = self.conn.handle();
-        let reply = tokio::time::timeout(self.timeout, invocation.invoke_async::<i64>(&mut conn));
-        match reply.await {
-            Ok(Ok(_)) => self.conn.answered(),
-            Ok(Err(e)) => self.note_failure(&Failure::Redis(e)),
-            Err(_) => {
-                self.conn.timed_out();
-                self.note_failure(&Failure::Timeout)
-            }
+        if let Err(failure) = self.invoke::<i64>(&invocation).await {
+            self.note_failure(&failure);
         }
     }
 }
