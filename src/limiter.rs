@@ -466,10 +466,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         // these (a clock stepped back, or a check stalled since reading it).
         let at = now.max(self.swept_at.load(SeqCst));
         let mut d = self.overflow.acquire(g, at, cost);
+        // Its times count from `at`; a decision's count from the clock's reading.
+        let ahead = at - now;
         if d.outcome() == Outcome::Denied {
-            d.retry_after_ns = d.retry_after_ns.saturating_add(at - now);
+            d.retry_after_ns = d.retry_after_ns.saturating_add(ahead);
         }
-        d.reset_ns = d.reset_ns.saturating_add(at - now);
+        d.reset_ns = d.reset_ns.saturating_add(ahead);
         d.overflow = true;
         if d.is_allowed() {
             self.overflow_mark(key)
@@ -938,9 +940,10 @@ mod tests {
         assert!(burst.is_allowed());
         clock.set(secs(13.0));
         assert_eq!(l.evict_idle(), 1);
-        assert!(l.check(&2).is_allowed()); // key 2 takes the only place
-                                           // The clock steps back to half a window after key 1's burst: in the
-                                           // overflow ring its units count from the sweep on, not beside the burst.
+        // Key 2 takes the only place.
+        assert!(l.check(&2).is_allowed());
+        // The clock steps back to half a window after key 1's burst: in the
+        // overflow ring its units count from the sweep on, not beside the burst.
         clock.set(secs(10.5));
         let again = l.check_n(&1, 2);
         assert!(again.is_allowed());
