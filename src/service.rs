@@ -239,9 +239,10 @@ where
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
-    /// The inner service `poll_ready` readied, for a response future to call
-    /// later; a fresh clone takes its place (tower's contract: the readied
-    /// instance is the one called).
+    /// The inner service `poll_ready` readied, taken out (a fresh clone takes
+    /// its place): for a response future to call later (tower's contract: the
+    /// readied instance is the one called), or to drop, giving back what it
+    /// reserved.
     pub(crate) fn take_ready_inner(&mut self) -> S
     where
         S: Clone,

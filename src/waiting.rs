@@ -243,8 +243,8 @@ where
     // what it reserved, a ConcurrencyLimit permit or a Buffer slot: a waiting
     // request holds none of the inner service's capacity, which other keys'
     // requests (or, on a reused service, this request's own clone) need.
+    drop(svc.take_ready_inner());
     let mut inner = svc.inner.clone();
-    drop(std::mem::replace(&mut svc.inner, inner.clone()));
     ResponseFuture::deciding(Box::pin(async move {
         let result = waiter.await;
         let headers = match outcome::<S, Req, K, X, St, M, Co, Ex>(&shared, &req, &key, result) {
