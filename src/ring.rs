@@ -1308,26 +1308,31 @@ mod loom_tests {
         });
     }
 
+    /// N = 2 buckets of 10 ns, limit 2, one unit at slot 0; a check at
+    /// `check_at` races a sweep at slot 10 that retires the ring if it is idle.
+    /// Whether the sweep retired it, the check's answer, and the ring.
+    fn check_racing_retirement(check_at: u64) -> (bool, Option<Decision>, Arc<Ring>, Geometry) {
+        let g = geometry(2, 2);
+        let ring = Arc::new(Ring::new(&g, 0));
+        assert!(ring.acquire(&g, 0, 1).is_allowed());
+        let a = {
+            let ring = ring.clone();
+            loom::thread::spawn(move || ring.try_acquire(&g, check_at, 1))
+        };
+        let retired = ring.retire(&g, 100);
+        (retired, a.join().unwrap(), ring, g)
+    }
+
     #[test]
     fn a_check_racing_retirement_is_admitted_only_before_the_sweep_slot() {
         loom::model(|| {
-            // N = 2 buckets of 10 ns, limit 2, one unit at slot 0. a checks at
-            // slot 9; the sweep at slot 10 finds the ring idle unless a got there
-            // first. A ring that replaces a retired one starts at slot 10, so
-            // after a retirement nothing may be admitted at slot 8 or later here.
-            let g = geometry(2, 2);
-            let ring = Arc::new(Ring::new(&g, 0));
-            assert!(ring.acquire(&g, 0, 1).is_allowed());
-            let a = {
-                let ring = ring.clone();
-                loom::thread::spawn(move || ring.try_acquire(&g, 95, 1))
-            };
-            let retired = ring.retire(&g, 100);
-            let a = a.join().unwrap();
-            match (retired, a) {
-                (true, None) => {}
-                (true, Some(d)) => assert!(!d.is_allowed() || d.slot + g.n < 10),
-                (false, d) => assert!(d.is_some_and(|d| d.is_allowed() && d.slot == 9)),
+            // a checks at slot 9; the sweep finds the ring idle unless a got
+            // there first. A ring that replaces a retired one starts at slot 10,
+            // so after a retirement nothing may be admitted at slot 8 or later.
+            match check_racing_retirement(95) {
+                (true, None, ..) => {}
+                (true, Some(d), _, g) => assert!(!d.is_allowed() || d.slot + g.n < 10),
+                (false, d, ..) => assert!(d.is_some_and(|d| d.is_allowed() && d.slot == 9)),
             }
         });
     }
@@ -1336,21 +1341,14 @@ mod loom_tests {
     fn a_check_that_entered_before_retirement_counts_only_outside_the_sweep_span() {
         loom::model(|| {
             // As above, but a read the clock in slot 0, so it enters the ring
-            // without moving `newest` and the sweep at slot 10 can retire the ring
-            // while a is between its add and its re-read. The sweep always wins
-            // (the ring stays idle at slot 10); a is refused, or admitted at slot
-            // 0, which no span of the ring replacing this one reaches.
-            let g = geometry(2, 2);
-            let ring = Arc::new(Ring::new(&g, 0));
-            assert!(ring.acquire(&g, 0, 1).is_allowed());
-            let a = {
-                let ring = ring.clone();
-                loom::thread::spawn(move || ring.try_acquire(&g, 5, 1))
-            };
-            assert!(ring.retire(&g, 100));
-            match a.join().unwrap() {
-                None => {}
-                Some(d) => assert!(d.is_allowed() && d.slot == 0, "{d:?}"),
+            // without moving `newest` and the sweep can retire the ring while a
+            // is between its add and its re-read. The sweep always wins (the ring
+            // stays idle at slot 10); a is refused, or admitted at slot 0, which
+            // no span of the ring replacing this one reaches.
+            let (retired, a, ring, g) = check_racing_retirement(5);
+            assert!(retired);
+            if let Some(d) = a {
+                assert!(d.is_allowed() && d.slot == 0, "{d:?}");
             }
             assert!(ring.try_acquire(&g, 100, 1).is_none(), "retired for good");
         });
