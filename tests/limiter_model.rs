@@ -38,6 +38,11 @@ impl Geometry {
     }
 
     fn limiter(&self) -> (Limiter<u8, ManualClock>, ManualClock) {
+        self.limiter_tracking(Limiter::<()>::DEFAULT_MAX_KEYS)
+    }
+
+    /// A limiter of this policy that tracks at most `max_keys` keys.
+    fn limiter_tracking(&self, max_keys: usize) -> (Limiter<u8, ManualClock>, ManualClock) {
         let policy = Policy::builder()
             .limit(self.limit as u32)
             .window(Duration::from_nanos(self.window))
@@ -48,6 +53,7 @@ impl Geometry {
         let clock = ManualClock::new();
         let limiter = Limiter::builder(policy)
             .clock(clock.clone())
+            .max_keys(max_keys)
             .build()
             .expect("valid limiter");
         (limiter, clock)
@@ -602,18 +608,7 @@ proptest! {
         max_keys in 1..=3usize,
         trace in prop::collection::vec(step(), 1..300),
     ) {
-        let policy = Policy::builder()
-            .limit(g.limit as u32)
-            .window(Duration::from_nanos(g.window))
-            .buckets(g.n as u32)
-            .build()
-            .expect("valid policy");
-        let clock = ManualClock::new();
-        let limiter = Limiter::builder(policy)
-            .clock(clock.clone())
-            .max_keys(max_keys)
-            .build()
-            .expect("valid limiter");
+        let (limiter, clock) = g.limiter_tracking(max_keys);
         let mut recorded: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); KEYS as usize + 3];
         let mut t = 10 * g.window;
         let mut checks = 0;
