@@ -1,35 +1,46 @@
 //! The response future of [`SlidingWindow`](crate::SlidingWindow): one variant per outcome, so the reject path allocates
 //! nothing and boxes nothing.
 
+use crate::mode::sealed::Finish;
 use crate::response::RateLimitHeaders;
 use pin_project_lite::pin_project;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-/// What turns the inner service's output into the layer's: writes headers in
-/// HTTP mode, boxes errors in error mode.
-type Finish<O, T, E> = fn(O, Option<RateLimitHeaders>) -> Result<T, E>;
+/// What the layer's future resolves to for an inner future `F` under mode `M`.
+type Output<F, M> = Result<
+    <M as Finish<<F as Future>::Output>>::Response,
+    <M as Finish<<F as Future>::Output>>::Error,
+>;
 
 /// A store answer still in flight (remote stores only), followed by the inner call.
-type Deciding<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+type Deciding<F, M> = Pin<Box<dyn Future<Output = Output<F, M>> + Send>>;
 
 pin_project! {
     /// Response future of [`SlidingWindow`](crate::SlidingWindow).
-    pub struct ResponseFuture<F, T, E>
+    ///
+    /// `M` is the layer's rejection mode ([`HttpRejection`](crate::HttpRejection)
+    /// or [`ErrorRejection`](crate::ErrorRejection)): it turns the inner
+    /// service's output into the layer's, writing headers or boxing errors, in a
+    /// call the compiler can inline.
+    pub struct ResponseFuture<F, M>
     where
         F: Future,
+        M: Finish<F::Output>,
     {
         #[pin]
-        kind: Kind<F, T, E>,
+        kind: Kind<F, M>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F, T, E>
+    enum Kind<F, M>
     where
         F: Future,
+        M: Finish<F::Output>,
     {
         // Allowed (or exempt): the inner service's future.
         Forwarded {
@@ -38,36 +49,34 @@ pin_project! {
             // Boxed: only present with `headers_on_allowed`, and inline it would
             // add 120 bytes to a future that axum moves several times per request.
             headers: Option<Box<RateLimitHeaders>>,
-            finish: Finish<F::Output, T, E>,
+            // `fn() -> M`: the future owns no `M`, so it is `Send` and `Sync`
+            // whatever `M` is.
+            mode: PhantomData<fn() -> M>,
         },
         // Decided at once: the rejection response or error.
         Rejected {
-            output: Option<Result<T, E>>,
+            output: Option<Output<F, M>>,
         },
         // A remote store is deciding; the request waits in here.
         Deciding {
-            future: Deciding<T, E>,
+            future: Deciding<F, M>,
         },
     }
 }
 
-impl<F: Future, T, E> ResponseFuture<F, T, E> {
+impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
     #[inline]
-    pub(crate) fn forwarded(
-        future: F,
-        headers: Option<RateLimitHeaders>,
-        finish: Finish<F::Output, T, E>,
-    ) -> Self {
+    pub(crate) fn forwarded(future: F, headers: Option<RateLimitHeaders>) -> Self {
         ResponseFuture {
             kind: Kind::Forwarded {
                 future,
                 headers: headers.map(Box::new),
-                finish,
+                mode: PhantomData,
             },
         }
     }
 
-    pub(crate) fn rejected(output: Result<T, E>) -> Self {
+    pub(crate) fn rejected(output: Output<F, M>) -> Self {
         ResponseFuture {
             kind: Kind::Rejected {
                 output: Some(output),
@@ -75,25 +84,24 @@ impl<F: Future, T, E> ResponseFuture<F, T, E> {
         }
     }
 
-    pub(crate) fn deciding(future: Deciding<T, E>) -> Self {
+    pub(crate) fn deciding(future: Deciding<F, M>) -> Self {
         ResponseFuture {
             kind: Kind::Deciding { future },
         }
     }
 }
 
-impl<F: Future, T, E> Future for ResponseFuture<F, T, E> {
-    type Output = Result<T, E>;
+impl<F: Future, M: Finish<F::Output>> Future for ResponseFuture<F, M> {
+    type Output = Output<F, M>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Forwarded {
-                future,
-                headers,
-                finish,
+                future, headers, ..
             } => {
                 let output = ready!(future.poll(cx));
-                Poll::Ready(finish(output, headers.take().map(|h| *h)))
+                Poll::Ready(M::finish(output, headers.take()))
             }
             KindProj::Rejected { output } => Poll::Ready(
                 output
@@ -105,7 +113,7 @@ impl<F: Future, T, E> Future for ResponseFuture<F, T, E> {
     }
 }
 
-impl<F: Future, T, E> std::fmt::Debug for ResponseFuture<F, T, E> {
+impl<F: Future, M: Finish<F::Output>> std::fmt::Debug for ResponseFuture<F, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.kind {
             Kind::Forwarded { .. } => "Forwarded",

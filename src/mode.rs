@@ -32,16 +32,23 @@ pub(crate) mod sealed {
         fn headers_on_every_response(&mut self) {}
     }
 
-    pub trait Mode<Req, S: Service<Req>>: Send + Sync + 'static {
+    /// What a forwarded request's outcome `O` becomes: a trait of its own,
+    /// without the request type, so the response future calls it statically
+    /// (inlined) rather than through a function pointer.
+    pub trait Finish<O> {
         type Response;
         type Error;
 
         /// The inner service's outcome, with rate-limit headers written when given.
         fn finish(
-            output: Result<S::Response, S::Error>,
-            headers: Option<RateLimitHeaders>,
+            output: O,
+            headers: Option<Box<RateLimitHeaders>>,
         ) -> Result<Self::Response, Self::Error>;
+    }
 
+    pub trait Mode<Req, S: Service<Req>>:
+        Finish<Result<S::Response, S::Error>> + Send + Sync + 'static
+    {
         fn map_error(error: S::Error) -> Self::Error;
 
         /// The headers for a forwarded request, if this mode writes any.
@@ -174,28 +181,31 @@ impl<H> sealed::Configure for HttpRejection<H> {
     }
 }
 
+impl<H, ResBody, E> sealed::Finish<Result<Response<ResBody>, E>> for HttpRejection<H> {
+    type Response = Response<ResBody>;
+    type Error = E;
+
+    #[inline]
+    fn finish(
+        output: Result<Response<ResBody>, E>,
+        headers: Option<Box<RateLimitHeaders>>,
+    ) -> Result<Response<ResBody>, E> {
+        match headers {
+            None => output,
+            Some(headers) => output.map(|mut response| {
+                (*headers).write_to(response.headers_mut());
+                response
+            }),
+        }
+    }
+}
+
 impl<H, S, ReqBody, ResBody> sealed::Mode<Request<ReqBody>, S> for HttpRejection<H>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
     H: RejectResponse<ResBody>,
 {
-    type Response = Response<ResBody>;
-    type Error = S::Error;
-
-    #[inline]
-    fn finish(
-        output: Result<Response<ResBody>, S::Error>,
-        headers: Option<RateLimitHeaders>,
-    ) -> Result<Response<ResBody>, S::Error> {
-        output.map(|mut response| {
-            if let Some(headers) = headers {
-                headers.write_to(response.headers_mut());
-            }
-            response
-        })
-    }
-
     #[inline]
     fn map_error(error: S::Error) -> S::Error {
         error
@@ -250,22 +260,24 @@ impl sealed::Configure for ErrorRejection {
     }
 }
 
+impl<R, E: Into<BoxError>> sealed::Finish<Result<R, E>> for ErrorRejection {
+    type Response = R;
+    type Error = BoxError;
+
+    #[inline]
+    fn finish(
+        output: Result<R, E>,
+        _headers: Option<Box<RateLimitHeaders>>,
+    ) -> Result<R, BoxError> {
+        output.map_err(Into::into)
+    }
+}
+
 impl<Req, S> sealed::Mode<Req, S> for ErrorRejection
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
 {
-    type Response = S::Response;
-    type Error = BoxError;
-
-    #[inline]
-    fn finish(
-        output: Result<S::Response, S::Error>,
-        _headers: Option<RateLimitHeaders>,
-    ) -> Result<S::Response, BoxError> {
-        output.map_err(Into::into)
-    }
-
     #[inline]
     fn map_error(error: S::Error) -> BoxError {
         error.into()

@@ -149,7 +149,7 @@ where
 {
     type Response = M::Response;
     type Error = M::Error;
-    type Future = ResponseFuture<S::Future, M::Response, M::Error>;
+    type Future = ResponseFuture<S::Future, M>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -168,19 +168,17 @@ where
             if let Some(ready) = self.ready.as_mut() {
                 ready.cancel();
             }
-            return ResponseFuture::forwarded(self.inner.call(req), None, M::finish);
+            return ResponseFuture::forwarded(self.inner.call(req), None);
         }
         let key = match shared.extractor.extract(&req) {
             Some(key) => key,
             None => match &shared.missing_key {
-                MissingKey::Allow => {
-                    return ResponseFuture::forwarded(self.inner.call(req), None, M::finish)
-                }
+                MissingKey::Allow => return ResponseFuture::forwarded(self.inner.call(req), None),
                 MissingKey::Reject => {
                     bump(&shared.counters.key_missing);
                     if shared.dry_run {
                         tracing::info!("rate limit (dry run): request has no key, would reject");
-                        return ResponseFuture::forwarded(self.inner.call(req), None, M::finish);
+                        return ResponseFuture::forwarded(self.inner.call(req), None);
                     }
                     tracing::debug!("rate limit: request has no key, rejected");
                     return ResponseFuture::rejected(
@@ -202,7 +200,7 @@ where
             match limit.store.check_now(&key, cost) {
                 Some(Ok(d)) if d.is_allowed() => {
                     let headers = shared.mode.allowed_headers(&shared.report(0, d));
-                    return ResponseFuture::forwarded(self.inner.call(req), headers, M::finish);
+                    return ResponseFuture::forwarded(self.inner.call(req), headers);
                 }
                 answer => first = Some(answer),
             }
@@ -230,9 +228,7 @@ where
 
         let verdict = decide(shared, &key, &answers);
         match act::<Req, S, K, X, St, M, Co, Ex>(shared, &req, &key, verdict, &answers) {
-            Action::Forward(headers) => {
-                ResponseFuture::forwarded(self.inner.call(req), headers, M::finish)
-            }
+            Action::Forward(headers) => ResponseFuture::forwarded(self.inner.call(req), headers),
             Action::Reject(output) => ResponseFuture::rejected(output),
         }
     }
@@ -260,7 +256,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
         key: K,
         cost: u32,
         mut answers: Answers,
-    ) -> ResponseFuture<S::Future, M::Response, M::Error>
+    ) -> ResponseFuture<S::Future, M>
     where
         S: Service<Req> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -312,7 +308,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                     Action::Forward(headers) => headers,
                     Action::Reject(output) => return output,
                 };
-            M::finish(ready.call(req).await, headers)
+            M::finish(ready.call(req).await, headers.map(Box::new))
         }))
     }
 }

@@ -209,7 +209,7 @@ pub(crate) fn call<S, Req, K, X, St, M, Co, Ex>(
     req: Req,
     key: K,
     cost: u32,
-) -> ResponseFuture<S::Future, M::Response, M::Error>
+) -> ResponseFuture<S::Future, M>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -252,9 +252,9 @@ where
             Action::Reject(output) => return output,
         };
         if let Err(e) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
-            return M::finish(Err(e), headers);
+            return M::finish(Err(e), headers.map(Box::new));
         }
-        M::finish(inner.call(req).await, headers)
+        M::finish(inner.call(req).await, headers.map(Box::new))
     }))
 }
 
@@ -264,16 +264,14 @@ fn respond_now<S, Req, K, X, St, M, Co, Ex>(
     req: Req,
     key: &K,
     result: Result<Admitted, Rejection>,
-) -> ResponseFuture<S::Future, M::Response, M::Error>
+) -> ResponseFuture<S::Future, M>
 where
     S: Service<Req>,
     St: Store<K>,
     M: RejectionMode<Req, S>,
 {
     match outcome::<S, Req, K, X, St, M, Co, Ex>(shared, &req, key, result) {
-        Action::Forward(headers) => {
-            ResponseFuture::forwarded(svc.inner.call(req), headers, M::finish)
-        }
+        Action::Forward(headers) => ResponseFuture::forwarded(svc.inner.call(req), headers),
         Action::Reject(output) => ResponseFuture::rejected(output),
     }
 }
