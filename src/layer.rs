@@ -67,7 +67,12 @@ pub enum OnLimit {
     /// and gives back any units it was admitted with. While a request waits,
     /// the inner service is not held: it is readied and called once the request
     /// is admitted, so a waiting key never takes capacity (a `ConcurrencyLimit`
-    /// permit, a `Buffer` slot) from other keys. In-memory limiters only.
+    /// permit, a `Buffer` slot) from other keys. Until the inner service is
+    /// ready the request is not sent: dropped then, it gives its units back;
+    /// ready only after its admission's bucket has passed, it gives them back
+    /// and asks again (waiting once more, up to `max_wait`, if it must), so it
+    /// never reaches the inner service outside a window that counts it.
+    /// In-memory limiters only.
     Wait {
         /// The longest a request may wait for its turn; a duration too long to
         /// add to an `Instant` (say `Duration::MAX`) means no bound.

@@ -73,7 +73,9 @@ mod queue;
 
 pub(crate) use forecast::fingerprint;
 pub use forecast::WindowSnapshot;
-pub(crate) use queue::{release, Denied, Gate, Queues, Rejection, Reservation, Waiter};
+pub(crate) use queue::{
+    release, release_unused, Denied, Gate, Queues, Rejection, Reservation, Waiter,
+};
 
 use crate::clock::{AutoClock, Clock};
 use crate::decision::Decision;

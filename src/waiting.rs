@@ -16,8 +16,8 @@ use crate::mode::RejectionMode;
 use crate::service::{act, decide, Action, Answers, SlidingWindow, Verdict};
 use crate::store::Store;
 use crate::wait::{
-    fingerprint, Denied, Gate, Queues, Rejection, Reservation, WaitConfig, WaitStats, Waiter,
-    WindowSnapshot,
+    fingerprint, release_unused, Denied, Gate, Queues, Rejection, Reservation, WaitConfig,
+    WaitStats, Waiter, WindowSnapshot,
 };
 use std::any::Any;
 use std::hash::Hash;
@@ -246,16 +246,76 @@ where
     drop(svc.take_ready_inner());
     let mut inner = svc.inner.clone();
     ResponseFuture::deciding(Box::pin(async move {
-        let result = waiter.await;
+        let mut waiter = waiter;
+        // The admission (or rejection), and whether the inner service failed.
+        let (result, failed) = loop {
+            let admitted = match (&mut waiter).await {
+                Ok(admitted) => admitted,
+                Err(rejection) => break (Err(rejection), None),
+            };
+            // Admitted, but not sent until the inner service is ready: if this
+            // future is dropped (or the inner service fails) before the call,
+            // the request never ran, so its units are given back.
+            let unsent = Unsent {
+                gate: &*shared,
+                key: &key,
+                admitted: Some(admitted),
+            };
+            let failed = std::future::poll_fn(|cx| inner.poll_ready(cx)).await.err();
+            if failed.is_some() {
+                break (Ok(unsent.release()), failed);
+            }
+            let admitted = unsent.disarm();
+            if shared.is_current(&admitted) {
+                break (Ok(admitted), None);
+            }
+            // Ready only after its bucket: sent now, the request would count in
+            // no window. Renew the admission (at once, or by waiting again,
+            // holding none of the inner service's capacity meanwhile).
+            release_unused(&*shared, &key, &admitted);
+            waiter = Waiter::new(Arc::clone(&shared), key.clone(), cost);
+            if waiter.decided().is_none() {
+                inner = inner.clone(); // drops the readied instance
+            }
+        };
         let headers = match outcome::<S, Req, K, X, St, M, Co, Ex>(&shared, &req, &key, result) {
             Action::Forward(headers) => headers,
             Action::Reject(output) => return output,
         };
-        if let Err(e) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        if let Some(e) = failed {
             return M::finish(Err(e), headers.map(Box::new));
         }
+        drop(failed); // None: not held across the call (S::Error need not be Send)
         M::finish(inner.call(req).await, headers.map(Box::new))
     }))
+}
+
+/// An admission not yet sent: given back if dropped before [`Unsent::disarm`].
+struct Unsent<'a, K: Hash + Eq + Clone, G: Gate<K>> {
+    gate: &'a G,
+    key: &'a K,
+    admitted: Option<G::Admitted>,
+}
+
+impl<K: Hash + Eq + Clone, G: Gate<K>> Unsent<'_, K, G> {
+    fn disarm(mut self) -> G::Admitted {
+        self.admitted.take().expect("disarmed once")
+    }
+
+    /// Give the units back now; the admission is still reported.
+    fn release(mut self) -> G::Admitted {
+        let admitted = self.admitted.take().expect("released once");
+        release_unused(self.gate, self.key, &admitted);
+        admitted
+    }
+}
+
+impl<K: Hash + Eq + Clone, G: Gate<K>> Drop for Unsent<'_, K, G> {
+    fn drop(&mut self) {
+        if let Some(admitted) = self.admitted.take() {
+            release_unused(self.gate, self.key, &admitted);
+        }
+    }
 }
 
 fn respond_now<S, Req, K, X, St, M, Co, Ex>(

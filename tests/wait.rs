@@ -315,3 +315,27 @@ async fn concurrent_waiters_on_real_threads_stay_within_the_limit() {
     }
     assert_eq!(q.stats().keys_waiting, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn renewing_a_stale_reservation_behind_a_waiter_cancels_no_waiter() {
+    // 1 per 1.5 s: `ready` reserves the unit at 0; `other` waits for it from 100 ms.
+    let policy = Policy::per(1, Duration::from_millis(1500)).unwrap();
+    let limiter = Arc::new(Limiter::new(policy).unwrap());
+    let mut ready = Backpressure::new(limiter.clone());
+    poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
+    advance(ms(100)).await;
+    let mut other = ready.clone();
+    let waiting = tokio::spawn(async move {
+        poll_fn(|cx| other.poll_reserve(cx)).await.unwrap();
+        other.take().is_some()
+    });
+    tokio::task::yield_now().await;
+    advance(ms(100)).await;
+    // Spent at 200 ms, the reservation is stale: it is given back, and with a
+    // waiter ahead it is not renewed.
+    assert!(ready.take().is_none());
+    assert!(waiting.await.unwrap(), "the waiter got the unit given back");
+    let stats = ready.queue().stats();
+    // No waiter was dropped before its turn: nobody cancelled anything.
+    assert_eq!(stats.cancelled, 0, "{stats:?}");
+}

@@ -537,3 +537,119 @@ async fn a_reused_service_over_a_concurrency_limit_serves_its_waiting_request() 
     }
     assert_eq!(Instant::now() - start, ms(1600));
 }
+
+/// Like `inner`, but a request with `x-hold-until-ms: T` answers only at
+/// `start + T` (holding a `ConcurrencyLimit` permit until then).
+fn holding_inner(
+    served: &Served,
+    start: Instant,
+) -> impl Service<Request<()>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    let served = served.clone();
+    service_fn(move |req: Request<()>| {
+        let key = req
+            .headers()
+            .get("x-key")
+            .map_or("", |v| v.to_str().unwrap())
+            .to_owned();
+        let hold = req
+            .headers()
+            .get("x-hold-until-ms")
+            .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+        served.lock().unwrap().push((key, Instant::now()));
+        async move {
+            if let Some(t) = hold {
+                tokio::time::sleep_until(start + ms(t)).await;
+            }
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    })
+}
+
+fn holding(key: &str, until_ms: u64) -> Request<()> {
+    Request::builder()
+        .header("x-key", key)
+        .header("x-hold-until-ms", until_ms.to_string())
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() {
+    // 1 per 1.5 s. The inner service takes one request at a time.
+    let start = Instant::now();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(waiting(1))
+        .concurrency_limit(1)
+        .service(holding_inner(&served, start));
+    svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
+                                                      // a's second request waits for its turn (1.6 s)...
+    let second = tokio::spawn(svc.clone().oneshot(request("a")));
+    tokio::time::sleep_until(start + ms(100)).await;
+    // ...while another key's request holds the inner service until 3 s.
+    let slow = tokio::spawn(svc.clone().oneshot(holding("b", 3000)));
+    // a's third request arrives after the second was admitted (its turn: 3.2 s).
+    tokio::time::sleep_until(start + ms(1700)).await;
+    let third = tokio::spawn(svc.clone().oneshot(request("a")));
+    for call in [second, slow, third] {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    let at: Vec<Duration> = served
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.0 == "a")
+        .map(|s| s.1 - start)
+        .collect();
+    assert_eq!(at.len(), 3);
+    for (i, t) in at.iter().enumerate() {
+        let in_window = at[i..].iter().filter(|u| **u - *t < ms(1500)).count();
+        assert!(
+            in_window <= 1,
+            "{in_window} requests of key a forwarded within 1.5 s of {t:?}: {at:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_after_its_turn_but_before_it_was_sent_gives_its_unit_back() {
+    // 1 per 1.5 s. The inner service takes one request at a time.
+    let start = Instant::now();
+    let served = Served::default();
+    let layer = waiting(1);
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .concurrency_limit(1)
+        .service(holding_inner(&served, start));
+    svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
+                                                      // a's second request is admitted at 1.6 s, then waits for the inner service...
+    let second = tokio::spawn(tokio::time::timeout(
+        ms(2000),
+        svc.clone().oneshot(request("a")),
+    ));
+    tokio::task::yield_now().await;
+    // ...which another key's request holds from 100 ms to 2.1 s; a's client
+    // gives up at 2 s, before its request was ever sent.
+    tokio::time::sleep_until(start + ms(100)).await;
+    let slow = tokio::spawn(svc.clone().oneshot(holding("b", 2100)));
+    assert!(
+        second.await.unwrap().is_err(),
+        "the second request cannot have been served"
+    );
+    // The second request never reached the inner service: its unit is free again,
+    // so a third one is admitted at once and served when the inner service frees.
+    let third = svc.clone().oneshot(request("a")).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
+    let a: Vec<Duration> = served
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.0 == "a")
+        .map(|s| s.1 - start)
+        .collect();
+    assert_eq!(a, [ms(0), ms(2100)], "{:?}", layer.wait_stats());
+}

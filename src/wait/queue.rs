@@ -200,6 +200,16 @@ pub(crate) fn release<K: Hash + Eq + Clone, G: Gate<K>>(gate: &G, key: &K, admit
     }
 }
 
+/// [`release`] an admission that was never used (counted in `WaitStats::undone`).
+pub(crate) fn release_unused<K: Hash + Eq + Clone, G: Gate<K>>(
+    gate: &G,
+    key: &K,
+    admitted: &G::Admitted,
+) {
+    release(gate, key, admitted);
+    bump(&gate.queues().counters.undone);
+}
+
 fn forecast<'q, K, G: Gate<K>>(
     gate: &G,
     key: &K,
@@ -586,6 +596,25 @@ fn pump<K: Hash + Eq + Clone, G: Gate<K>>(
     None
 }
 
+/// Admit `cost` units of `key` now if nobody waits for the key and they fit;
+/// nothing joins the queue (and nothing is counted as cancelled) otherwise.
+fn admit_now<K: Hash + Eq + Clone, G: Gate<K>>(
+    gate: &G,
+    key: &K,
+    cost: u32,
+) -> Option<G::Admitted> {
+    let queues = gate.queues();
+    let result = match queues.map.get(key) {
+        Some(q) if q.waiting > 0 => return None,
+        // Under the key's lock, so no waiter can join in between.
+        Some(_q) => gate.try_admit(key, cost),
+        None => gate.try_admit(key, cost),
+    };
+    let admitted = result.ok()?;
+    bump(&queues.counters.admitted_at_once);
+    Some(admitted)
+}
+
 /// Remove waiter `id` (its future was dropped), giving back admitted units.
 fn cancel<K: Hash + Eq + Clone, G: Gate<K>>(gate: &G, key: &K, id: u64) {
     let queues = gate.queues();
@@ -751,11 +780,8 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Reservation<K, G, 
         if self.gate.is_current(&admitted) {
             return Some(admitted);
         }
-        release(&*self.gate, &self.key, &admitted);
-        // A renewal that would have to wait is dropped, leaving the queue.
-        Waiter::new(Arc::clone(&self.gate), self.key.clone(), 1)
-            .decided()
-            .and_then(Result::ok)
+        release_unused(&*self.gate, &self.key, &admitted);
+        admit_now(&*self.gate, &self.key, 1)
     }
 }
 
