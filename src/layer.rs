@@ -182,9 +182,10 @@ type StoreFactory<St> = Box<dyn FnOnce(Vec<Policy>, usize, bool) -> Result<Vec<S
 pub struct LayerStats {
     /// Requests a dry run would have rejected (they were forwarded).
     pub dry_run_rejections: u64,
-    /// Requests without a key that were rejected.
+    /// Requests without a key that were rejected (in a dry run: forwarded).
     pub key_missing: u64,
-    /// Requests answered 503 / UNAVAILABLE because a store could not decide.
+    /// Requests answered 503 / UNAVAILABLE because a store could not decide
+    /// (in a dry run: forwarded).
     pub store_errors: u64,
 }
 
@@ -340,7 +341,7 @@ where
             common: Common {
                 extractor,
                 policies: Vec::new(),
-                max_keys: Limiter::DEFAULT_MAX_KEYS,
+                max_keys: None,
                 missing_key: MissingKey::Reject,
                 on_limit: OnLimit::Reject,
                 dry_run: false,
@@ -438,7 +439,8 @@ pub struct SlidingWindowLayerBuilder<
 struct Common<K, X> {
     extractor: X,
     policies: Vec<Policy>,
-    max_keys: usize,
+    /// Set by `max_keys()`; only limiters built from `policy()` use it.
+    max_keys: Option<usize>,
     missing_key: MissingKey<K>,
     on_limit: OnLimit,
     dry_run: bool,
@@ -479,11 +481,15 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
     /// For rolling out a new limit safely. A request one policy would deny
     /// consumes nothing from the others, exactly as when enforcing.
     ///
-    /// In HTTP mode every forwarded response carries the rate-limit headers (as
-    /// with [`headers_on_allowed(true)`](Self::headers_on_allowed)), so a would-be
-    /// rejection shows `r=0`. A request without a key is forwarded too, whatever
-    /// [`MissingKey`] says (and counted in [`LayerStats::key_missing`]), so a
-    /// misconfigured extractor shows in the stats and logs before it blocks anyone.
+    /// In HTTP mode every forwarded response that was decided carries the
+    /// rate-limit headers (as with [`headers_on_allowed(true)`](Self::headers_on_allowed)):
+    /// a would-be rejection shows the remaining units that its cost did not fit
+    /// (`r=0` with unit costs) and its `t`. A request whose store could not
+    /// answer has no decision to report: it is forwarded without them, and
+    /// counted in [`LayerStats::store_errors`] as it would be when enforcing.
+    /// A request without a key is forwarded too, whatever [`MissingKey`] says
+    /// (and counted in [`LayerStats::key_missing`]), so a misconfigured
+    /// extractor shows in the stats and logs before it blocks anyone.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.common.dry_run = dry_run;
         self
@@ -592,8 +598,9 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
     /// Validate the configuration and create the limiters (or take the stores).
     ///
     /// Errors: no policy, more than [`MAX_POLICIES`], stores mixed with
-    /// [`policy`](Self::policy), a policy name that is not printable ASCII or is
-    /// used twice, a rejection status that is not 4xx/5xx, a gRPC code outside
+    /// [`policy`](Self::policy), [`max_keys`](Self::max_keys) without
+    /// [`policy`](Self::policy) (stores keep their own cap), a policy name that
+    /// is not printable ASCII or is used twice, a rejection status that is not 4xx/5xx, a gRPC code outside
     /// 1..=16, any limiter configuration error, and for the waiting modes of
     /// [`OnLimit`]: a store that is not in-memory, `max_queue` 0, or
     /// `Backpressure` on a keyed layer.
@@ -613,13 +620,23 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
             mode.headers_on_every_response();
         }
         let mut stores = self.stores;
+        if common.policies.is_empty() && common.max_keys.is_some() {
+            return Err(ConfigError::Invalid(
+                "max_keys() configures the in-memory limiters built from policy(); \
+                 a store given with store() keeps its own cap",
+            ));
+        }
         if !common.policies.is_empty() {
             let factory = self.factory.ok_or(ConfigError::Invalid(
                 "policy() builds in-memory limiters and cannot be mixed with store(); \
                  give every policy as a store instead",
             ))?;
             let waits = common.on_limit.waits(common.dry_run);
-            stores.extend(factory(common.policies, common.max_keys, waits)?);
+            stores.extend(factory(
+                common.policies,
+                common.max_keys.unwrap_or(Limiter::DEFAULT_MAX_KEYS),
+                waits,
+            )?);
         }
         if stores.is_empty() {
             return Err(ConfigError::Invalid("a layer needs at least one policy"));
@@ -682,8 +699,11 @@ where
 
     /// The most keys each in-memory limiter tracks (default
     /// [`Limiter::DEFAULT_MAX_KEYS`]; see [`Limiter`] for what happens at the cap).
+    /// Only for limiters built from [`policy`](Self::policy): a store given with
+    /// `store()` keeps its own cap, and setting this beside one is a
+    /// [`ConfigError`] from [`build`](Self::build).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.common.max_keys = max_keys;
+        self.common.max_keys = Some(max_keys);
         self
     }
 

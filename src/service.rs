@@ -255,7 +255,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
         req: Req,
         key: K,
         cost: u32,
-        mut answers: Answers,
+        answers: Answers,
     ) -> ResponseFuture<S::Future, M>
     where
         S: Service<Req> + Clone + Send + 'static,
@@ -269,27 +269,31 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
         Ex: Exemption<Req>,
     {
         let mut ready = self.take_ready_inner();
-        let shared = Arc::clone(&self.layer.shared);
+        // Armed from here, not from the first poll: a response future dropped
+        // before it is ever polled must also give back what `check_now` admitted.
+        let mut guard = UndoOnDrop {
+            shared: Arc::clone(&self.layer.shared),
+            key,
+            answers,
+            armed: true,
+        };
         ResponseFuture::deciding(Box::pin(async move {
-            let mut pending: Vec<(usize, Pin<Box<St::Future>>)> = shared
+            let g = &mut guard;
+            let mut pending: Vec<(usize, Pin<Box<St::Future>>)> = g
+                .shared
                 .limits
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| answers[*i].is_none())
-                .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&key, cost))))
+                .filter(|(i, _)| g.answers[*i].is_none())
+                .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&g.key, cost))))
                 .collect();
-            // If the caller drops this future before every store has answered,
-            // the request never ran: give back what was already admitted.
-            let guard = UndoOnDrop {
-                shared: &shared,
-                key: &key,
-                answers: &mut answers,
-            };
             // Ask every remote store at once, not one round trip after another.
+            // If the caller drops this future before every store has answered,
+            // the request never ran: the guard gives back what was admitted.
             poll_fn(|cx| {
                 pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
                     Poll::Ready(answer) => {
-                        guard.answers[*i] = Some(answer);
+                        g.answers[*i] = Some(answer);
                         false
                     }
                     Poll::Pending => true,
@@ -301,38 +305,38 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 }
             })
             .await;
-            guard.disarm();
-            let verdict = decide(&shared, &key, &answers);
-            let headers =
-                match act::<Req, S, K, X, St, M, Co, Ex>(&shared, &req, &key, verdict, &answers) {
-                    Action::Forward(headers) => headers,
-                    Action::Reject(output) => return output,
-                };
+            // From here on, `decide` owns the all-or-nothing bookkeeping.
+            g.armed = false;
+            let verdict = decide(&g.shared, &g.key, &g.answers);
+            let headers = match act::<Req, S, K, X, St, M, Co, Ex>(
+                &g.shared, &req, &g.key, verdict, &g.answers,
+            ) {
+                Action::Forward(headers) => headers,
+                Action::Reject(output) => return output,
+            };
             M::finish(ready.call(req).await, headers.map(Box::new))
         }))
     }
 }
 
-/// Undoes the admitted answers when dropped, unless disarmed once every store
-/// has answered (from then on, `decide` owns the all-or-nothing bookkeeping).
-struct UndoOnDrop<'a, K, X, St: Store<K>, M, Co, Ex> {
-    shared: &'a Shared<K, X, St, M, Co, Ex>,
-    key: &'a K,
-    answers: &'a mut Answers,
+/// Undoes the admitted answers when dropped while armed: until every store has
+/// answered (from then on, `decide` owns the all-or-nothing bookkeeping).
+struct UndoOnDrop<K, X, St: Store<K>, M, Co, Ex> {
+    shared: Arc<Shared<K, X, St, M, Co, Ex>>,
+    key: K,
+    answers: Answers,
+    armed: bool,
 }
 
-impl<K, X, St: Store<K>, M, Co, Ex> UndoOnDrop<'_, K, X, St, M, Co, Ex> {
-    fn disarm(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl<K, X, St: Store<K>, M, Co, Ex> Drop for UndoOnDrop<'_, K, X, St, M, Co, Ex> {
+impl<K, X, St: Store<K>, M, Co, Ex> Drop for UndoOnDrop<K, X, St, M, Co, Ex> {
     fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
         for (answer, limit) in self.answers.iter().zip(self.shared.limits.iter()) {
             if let Some(Ok(d)) = answer {
                 if d.is_allowed() {
-                    limit.store.undo(self.key, d);
+                    limit.store.undo(&self.key, d);
                 }
             }
         }

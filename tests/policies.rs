@@ -436,3 +436,110 @@ async fn a_rejection_hook_that_sets_no_status_answers_with_the_layers() {
     assert_eq!(limited.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(limited.headers().contains_key("retry-after"));
 }
+
+/// The one store type of a layer that mixes an in-memory limit with a remote
+/// one (every store of a layer has one type): the local one answers through
+/// `check_now`, the remote one only through `check_n`.
+enum LocalOrRemote {
+    Local(Box<Limiter<String>>),
+    Remote(SlowStore),
+}
+
+impl Store<String> for LocalOrRemote {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+    fn check_n(&self, key: &String, cost: u32) -> Self::Future {
+        match self {
+            LocalOrRemote::Local(l) => Box::pin(std::future::ready(Ok(l.check_n(key, cost)))),
+            LocalOrRemote::Remote(r) => r.check_n(key, cost),
+        }
+    }
+
+    fn check_now(&self, key: &String, cost: u32) -> Option<Result<Decision, StoreError>> {
+        match self {
+            LocalOrRemote::Local(l) => Some(Ok(l.check_n(key, cost))),
+            LocalOrRemote::Remote(_) => None,
+        }
+    }
+
+    fn undo(&self, key: &String, decision: &Decision) {
+        match self {
+            LocalOrRemote::Local(l) => l.undo(key, decision),
+            LocalOrRemote::Remote(r) => r.undo(key, decision),
+        }
+    }
+
+    fn policy(&self) -> &Policy {
+        match self {
+            LocalOrRemote::Local(l) => l.policy(),
+            LocalOrRemote::Remote(r) => r.policy(),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_future_dropped_before_its_first_poll_gives_its_units_back() {
+    let remote = SlowStore::new(policy("remote", 5, Duration::from_secs(60)), false);
+    let layer = SlidingWindowLayer::builder(user)
+        .store(LocalOrRemote::Local(Box::new(
+            Limiter::new(policy("local", 5, Duration::from_secs(60))).unwrap(),
+        )))
+        .store(LocalOrRemote::Remote(remote.clone()))
+        .build()
+        .unwrap();
+    let stores = layer.clone();
+    let mut svc = layer.layer(ok_service());
+    // The local policy admits (and counts) at once inside `call`; the remote
+    // one is asked in the response future. The caller drops that future
+    // before polling it (a `select!` whose other branch won, a closed connection).
+    let call = svc.ready().await.unwrap().call(request("u"));
+    drop(call);
+    let LocalOrRemote::Local(local) = stores.stores().next().unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(remote.asked.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        local.usage(&"u".to_owned()).used,
+        0,
+        "the request never ran: the local policy must not keep its unit"
+    );
+
+    // Polled to the end, the same request is admitted and counted once by each.
+    assert_eq!(status(&mut svc, request("u")).await.0, StatusCode::OK);
+    assert_eq!(local.usage(&"u".to_owned()).used, 1);
+    assert_eq!(remote.limiter.usage(&"u".to_owned()).used, 1);
+}
+
+#[test]
+fn max_keys_with_stores_is_a_configuration_error_not_ignored() {
+    // `max_keys` only reaches limiters built from `policy()`; given with
+    // `store()` it would be silently dropped (as `clock()` after `store()` would,
+    // which `build()` reports). Even `max_keys(0)`, otherwise `ZeroMaxKeys`.
+    for cap in [0, 10] {
+        let layer = SlidingWindowLayer::builder(user)
+            .store(Limiter::<String>::new(policy("p", 5, Duration::from_secs(60))).unwrap())
+            .max_keys(cap)
+            .build();
+        assert!(
+            matches!(layer, Err(tower_sliding_window::ConfigError::Invalid(_))),
+            "max_keys({cap}) after store() was accepted and ignored"
+        );
+        let layer = SlidingWindowLayer::<String, _>::builder(user)
+            .max_keys(cap)
+            .store(Limiter::<String>::new(policy("p", 5, Duration::from_secs(60))).unwrap())
+            .build();
+        assert!(
+            matches!(layer, Err(tower_sliding_window::ConfigError::Invalid(_))),
+            "max_keys({cap}) before store() was accepted and ignored"
+        );
+    }
+    // With policy() it still applies.
+    let zero = SlidingWindowLayer::<String, _>::builder(user)
+        .policy(policy("p", 5, Duration::from_secs(60)))
+        .max_keys(0)
+        .build();
+    assert_eq!(
+        zero.unwrap_err(),
+        tower_sliding_window::ConfigError::ZeroMaxKeys
+    );
+}
