@@ -74,6 +74,13 @@ impl Decision {
 
     /// How long until this same cost could pass: zero when allowed, `None` when the
     /// cost exceeds the limit and can never pass.
+    ///
+    /// For a key the limiter tracks, exact: the cost passes then (if nothing
+    /// else is counted for the key meanwhile) and not a nanosecond before. A
+    /// decision of the overflow ring ([`is_overflow`](Self::is_overflow))
+    /// tells when the overflow ring will have room:
+    /// the key may pass earlier, once a tracked key goes idle and the key gets
+    /// a ring of its own.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.outcome {
             Outcome::CostExceedsLimit => None,
@@ -150,6 +157,12 @@ impl Decision {
     /// say nothing about the key (a layer may leave its rate-limit headers out).
     pub fn is_unchecked(&self) -> bool {
         self.unchecked
+    }
+
+    /// True when the limiter was at `max_keys` and the key, not tracked, was
+    /// decided by the shared overflow ring (see [`Limiter`](crate::Limiter)).
+    pub fn is_overflow(&self) -> bool {
+        self.overflow
     }
 
     /// The units this decision counted (0 unless allowed by a consuming check).

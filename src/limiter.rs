@@ -274,18 +274,18 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 
     /// What `check_n(key, cost)` would decide now, without counting anything.
+    ///
+    /// One difference, at `max_keys`: a check of an untracked key may first
+    /// sweep a partition for idle keys (see [`Limiter`]) and, if that makes
+    /// room, track the key; `peek` changes nothing, so it reports what the
+    /// overflow ring would decide.
     pub fn peek(&self, key: &K, cost: u32) -> Decision {
         let now = self.now();
         let g = &self.geometry;
         let fits = if cost > g.limit() { 0 } else { cost };
         let decision = match self.partition(key).map.pin().get(key) {
             Some(ring) => ring.peek(g, now, fits),
-            None if self.untracked_go_to_overflow(key, now) => {
-                let mut d = self.overflow.peek(g, now, fits);
-                d.overflow = true;
-                d
-            }
-            None => Ring::new(g, now).peek(g, now, fits),
+            None => self.peek_untracked(key, now, fits),
         };
         if cost > g.limit() {
             Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset())
@@ -473,7 +473,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         }
         d.reset_ns = d.reset_ns.saturating_add(ahead);
         d.overflow = true;
-        if d.is_allowed() {
+        // A check of cost 0 counted nothing for the key: no mark, no copy later.
+        if d.is_allowed() && cost > 0 {
             self.overflow_mark(key)
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
             // A racing check may have tracked the key before seeing the line above:
@@ -510,12 +511,28 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             .is_ok()
     }
 
-    /// Whether a key that is not tracked would be counted in the overflow ring
-    /// now (the cap is reached), or in a copy of it (the overflow ring may hold
-    /// the key's units in the window).
-    fn untracked_go_to_overflow(&self, key: &K, now: u64) -> bool {
-        self.keys.load(Relaxed) >= self.max_keys
-            || self.geometry.slot(now) < self.overflow_mark(key).load(SeqCst)
+    /// [`peek`](Self::peek) for a key without a ring: what
+    /// [`decide_rest`](Self::decide_rest) would decide, without counting or
+    /// tracking. A new ring starts no earlier than the latest sweep; at the cap
+    /// the check counts in the overflow ring at that start, its times measured
+    /// from `now`.
+    fn peek_untracked(&self, key: &K, now: u64, cost: u32) -> Decision {
+        let g = &self.geometry;
+        let start = now.max(self.swept_at.load(SeqCst));
+        if self.keys.load(Relaxed) >= self.max_keys {
+            let mut d = self.overflow.peek(g, start, cost);
+            let ahead = start - now;
+            if d.outcome() == Outcome::Denied {
+                d.retry_after_ns = d.retry_after_ns.saturating_add(ahead);
+            }
+            d.reset_ns = d.reset_ns.saturating_add(ahead);
+            d.overflow = true;
+            d
+        } else if g.slot(start) < self.overflow_mark(key).load(SeqCst) {
+            self.overflow.copy(g, start).peek(g, now, cost)
+        } else {
+            Ring::new(g, start).peek(g, now, cost)
+        }
     }
 
     /// The overflow mark of `key`'s group (see `overflow_marks`).
@@ -992,5 +1009,65 @@ mod tests {
         assert!(l.check(&1).is_allowed());
         l.undo(&1, &old);
         assert!(!l.check(&1).is_allowed());
+    }
+
+    #[test]
+    fn a_zero_cost_check_in_the_overflow_ring_does_not_mark_the_key() {
+        let (l, clock) = limiter(3, 1);
+        assert!(l.check(&1).is_allowed());
+        clock.set(500_000_000);
+        assert!(l.check_n(&2, 3).is_allowed());
+        // Another untracked key only asks (cost 0): nothing is counted for it.
+        let key = (3..)
+            .find(|k| !std::ptr::eq(l.overflow_mark(k), l.overflow_mark(&2)))
+            .unwrap();
+        assert!(l.check_n(&key, 0).is_allowed());
+        // Key 1 goes idle and makes room: the key gets a ring of its own, empty.
+        clock.set(1_200_000_000);
+        assert_eq!(l.evict_idle(), 1);
+        let d = l.check(&key);
+        assert!(d.is_allowed(), "{d:?}");
+        assert_eq!(l.usage(&key).used, 1);
+    }
+
+    #[test]
+    fn peek_of_a_key_restarting_after_a_sweep_reports_the_checks_times() {
+        // As in clock_going_backwards_after_eviction_never_recounts_a_window: the
+        // key's new ring starts at the sweep (13 s), not at the clock (10.5 s).
+        for max_keys in [10, 1] {
+            let (l, clock) = limiter(2, max_keys);
+            clock.set(10_000_000_000);
+            assert!(l.check_n(&1, 2).is_allowed());
+            clock.set(13_000_000_000);
+            assert_eq!(l.evict_idle(), 1);
+            if max_keys == 1 {
+                assert!(l.check(&2).is_allowed(), "key 2 takes the only place");
+            }
+            clock.set(10_500_000_000);
+            let peeked = l.peek(&1, 2);
+            let checked = l.check_n(&1, 2);
+            assert_eq!(peeked.outcome(), checked.outcome());
+            assert_eq!(peeked.remaining(), checked.remaining());
+            assert_eq!(peeked.reset(), checked.reset(), "max_keys {max_keys}");
+        }
+    }
+
+    #[test]
+    fn an_overflow_decision_says_so_and_passes_by_its_retry_after() {
+        let (l, clock) = limiter(1, 1);
+        let tracked = l.check(&1);
+        assert!(tracked.is_allowed() && !tracked.is_overflow());
+        clock.set(500_000_000);
+        let first = l.check(&2);
+        assert!(first.is_allowed() && first.is_overflow());
+        clock.set(600_000_000);
+        let denied = l.check(&3);
+        assert!(!denied.is_allowed() && denied.is_overflow());
+        assert_eq!(l.peek(&3, 1).retry_after(), denied.retry_after());
+        // An upper bound: by then the overflow ring has room (the key may pass
+        // earlier, once key 1 is idle and a sweep makes room for it).
+        let wait = crate::clock::saturating_nanos(denied.retry_after().unwrap());
+        clock.set(600_000_000 + wait);
+        assert!(l.check(&3).is_allowed());
     }
 }

@@ -656,9 +656,6 @@ impl Ring {
             return;
         }
         self.take_back(g, s, decision.cost);
-        if s < newest {
-            self.forget_base(newest);
-        }
     }
 
     /// After units left a bucket older than `newest`: the base of `newest` may
@@ -677,13 +674,22 @@ impl Ring {
 
     /// Take `cost` back out of slot `s`'s bucket. If the bucket has moved on to a
     /// newer slot, our units went with it and there is nothing to take back.
+    /// Units taken back from a slot older than `newest` (an undo, or a check
+    /// that found `newest` moved on after its add: the thread that moved it may
+    /// have counted them in its base) mark the base of `newest` unknown.
     fn take_back(&self, g: &Geometry, s: u64, cost: u32) {
         let bucket = self.bucket(g, s);
         let mut cell = bucket.load(SeqCst);
         while age(s, cell) == 0 {
             let next = pack(s, count(cell).saturating_sub(cost));
             match bucket.compare_exchange_weak(cell, next, SeqCst, SeqCst) {
-                Ok(_) => return,
+                Ok(_) => {
+                    let newest = self.newest.load(SeqCst) & !(RESETTING | RETIRED);
+                    if s < newest {
+                        self.forget_base(newest);
+                    }
+                    return;
+                }
                 Err(actual) => cell = actual,
             }
         }
@@ -1195,6 +1201,28 @@ mod tests {
         }
         // Utilisation at saturation: at least N/(N+1) of 5 per 100 ms over 2 s.
         assert!(admitted.len() >= 100 * 4 / 5, "{}", admitted.len());
+    }
+    #[test]
+    fn a_check_taken_back_after_newest_moved_on_leaves_no_stale_base() {
+        // The interleaving of two threads, step by step (module docs' protocol):
+        let g = geometry(2, 1000, 10, Precision::Strict); // 100 ms slots
+        let ring = Ring::new(&g, 0);
+        assert!(ring.acquire(&g, 0, 1).is_allowed());
+        // a checks 1 unit at 50 ms: enters slot 0 (step 1) and adds (step 2) ...
+        let s = ring.enter(&g, 50 * MS).unwrap();
+        assert!(matches!(ring.add(&g, s, 1), Add::Added(_)));
+        // ... when b enters slot 1 and publishes its base, a's unit included;
+        // b is denied (racing checks may both be, the safe side).
+        assert!(!ring.acquire(&g, 100 * MS, 1).is_allowed());
+        // a re-reads `newest` (step 4): it moved on, so a takes its unit back, as
+        // `try_acquire_slow` (and `admit_at_newest`) do, and starts over.
+        assert!(ring.moved_on(s));
+        ring.take_back(&g, s, 1);
+        // Now one unit of 2 is in the window: a's retry (and any check for the
+        // rest of slot 1) must pass, as peek says.
+        assert!(ring.peek(&g, 150 * MS, 1).is_allowed());
+        let d = ring.acquire(&g, 150 * MS, 1);
+        assert!(d.is_allowed(), "{d:?}");
     }
 }
 
