@@ -309,7 +309,8 @@ enum Trust {
 ///   trusted address.
 /// - **A malformed entry** is reached (garbage, `unknown`, an obfuscated
 ///   `_identifier`, a `Forwarded` element without a readable `for=`, non-UTF-8
-///   bytes, an entry over 64 bytes): the walk stops and the key is the last
+///   bytes, an address over 64 bytes, as an `X-Forwarded-For` entry or a
+///   `for=` node): the walk stops and the key is the last
 ///   trustworthy address, the trusted proxy that wrote the entry. Such clients
 ///   share that proxy's key; they cannot choose a key of their own, and they
 ///   cannot reach the layer's `None` outcome either.

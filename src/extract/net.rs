@@ -13,7 +13,8 @@ use crate::ConfigError;
 /// address (`192.0.2.7`) parses as a single-host network (/32 or /128). Host bits
 /// below the prefix are cleared (`10.1.2.3/8` is `10.0.0.0/8`). An IPv4-mapped IPv6
 /// network (`::ffff:10.0.0.0/104`) becomes the IPv4 network it denotes, since
-/// mapped addresses are compared as IPv4.
+/// mapped addresses are compared as IPv4; with a prefix shorter than 96, which
+/// would mask the mapping away, it is an error.
 ///
 /// ```
 /// use std::net::IpAddr;
@@ -48,22 +49,29 @@ impl IpNet {
     /// # Ok::<(), tower_sliding_window::ConfigError>(())
     /// ```
     pub fn new(addr: IpAddr, prefix_len: u8) -> Result<Self, ConfigError> {
-        let (addr, prefix_len) = match addr {
-            IpAddr::V4(_) if prefix_len > 32 => {
-                return Err(ConfigError::Invalid("an IPv4 prefix length must be 0..=32"))
-            }
-            IpAddr::V6(_) if prefix_len > 128 => {
-                return Err(ConfigError::Invalid(
-                    "an IPv6 prefix length must be 0..=128",
-                ))
-            }
-            // ::ffff:a.b.c.d/n with n >= 96 is the IPv4 network a.b.c.d/(n - 96).
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) if prefix_len >= 96 => (IpAddr::V4(v4), prefix_len - 96),
-                _ => (addr, prefix_len),
-            },
-            IpAddr::V4(_) => (addr, prefix_len),
-        };
+        let (addr, prefix_len) =
+            match addr {
+                IpAddr::V4(_) if prefix_len > 32 => {
+                    return Err(ConfigError::Invalid("an IPv4 prefix length must be 0..=32"))
+                }
+                IpAddr::V6(_) if prefix_len > 128 => {
+                    return Err(ConfigError::Invalid(
+                        "an IPv6 prefix length must be 0..=128",
+                    ))
+                }
+                // ::ffff:a.b.c.d/n with n >= 96 is the IPv4 network a.b.c.d/(n - 96).
+                // A shorter prefix masks the mapping away (::ffff:10.0.0.0/8 would be
+                // ::/8, trusting ::1 and no IPv4 peer): surely not what was meant.
+                IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                    Some(v4) if prefix_len >= 96 => (IpAddr::V4(v4), prefix_len - 96),
+                    Some(_) => return Err(ConfigError::Invalid(
+                        "an IPv4-mapped network (::ffff:a.b.c.d/n) needs a prefix of 96..=128; \
+                         write the IPv4 network (a.b.c.d/(n - 96)) instead",
+                    )),
+                    None => (addr, prefix_len),
+                },
+                IpAddr::V4(_) => (addr, prefix_len),
+            };
         Ok(IpNet {
             addr: mask(addr, prefix_len),
             prefix_len,
@@ -138,8 +146,10 @@ impl FromStr for IpNet {
                 let prefix_len: u8 = prefix
                     .parse()
                     .map_err(|_| IpNetParseError("the prefix length is too large"))?;
-                IpNet::new(addr, prefix_len)
-                    .map_err(|_| IpNetParseError("the prefix length is too large"))
+                IpNet::new(addr, prefix_len).map_err(|e| match e {
+                    ConfigError::Invalid(why) => IpNetParseError(why),
+                    _ => IpNetParseError("the prefix length is too large"),
+                })
             }
         }
     }
@@ -290,6 +300,20 @@ mod tests {
         let v6: IpNet = "fd00::/8".parse().unwrap();
         assert!(v6.contains(ip("fdff:ffff::1")));
         assert!(!v6.contains(ip("fe00::1")));
+    }
+
+    #[test]
+    fn a_mapped_network_shorter_than_the_mapping_is_an_error() {
+        // ::ffff:10.0.0.0/8 would mask the mapping away (::/8, trusting ::1).
+        assert!("::ffff:10.0.0.0/8".parse::<IpNet>().is_err());
+        assert!("::ffff:10.0.0.0/95".parse::<IpNet>().is_err());
+        let err = IpNet::new("::ffff:10.0.0.0".parse().unwrap(), 8).unwrap_err();
+        assert!(err.to_string().contains("96"), "{err}");
+        assert_eq!(
+            "::ffff:10.0.0.0/104".parse::<IpNet>().unwrap().to_string(),
+            "10.0.0.0/8"
+        );
+        assert!("::/8".parse::<IpNet>().is_ok());
     }
 
     #[test]
