@@ -660,3 +660,89 @@ async fn a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh() {
         "{denied:?}"
     );
 }
+
+#[tokio::test]
+async fn a_fire_and_forget_undo_leaves_no_denial_in_the_deny_cache() {
+    let test = "a_fire_and_forget_undo_leaves_no_denial_in_the_deny_cache";
+    let Some(mut conn) = shared_redis(test).await else {
+        return;
+    };
+    let s = store(policy(2, Duration::from_secs(10), 10), &unique_prefix(test));
+    let key = s.redis_key(&"k");
+    let first = s.check_n(&"k", 2).await.unwrap();
+    assert!(first.is_allowed());
+    let field = first.recorded_slot().to_string();
+    // The layer gives the units back (another policy denied the request, as
+    // `Store::undo` does: fire and forget) and the client retries at once: this
+    // check may reach Redis before the undo does, and be denied then.
+    Store::undo(&s, &"k", &first);
+    let raced = s.check_n(&"k", 1).await.unwrap();
+    // Bounded wait until Redis has applied the undo (the slot no longer holds 2).
+    let mut applied = false;
+    for _ in 0..400 {
+        let v: Option<String> = conn.hget(&key, &field).await.unwrap();
+        if v.as_deref() != Some("2") {
+            applied = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(applied, "the undo reached Redis");
+    // The units are back in Redis: at most one unit (`raced`) is counted, so
+    // one more fits. This instance's own undo must not leave it denied locally.
+    let after = s.check_n(&"k", 1).await.unwrap();
+    assert!(
+        after.is_allowed(),
+        "denied by the deny cache after this instance's own undo: raced {raced:?}, after {after:?}, stats {:?}",
+        s.stats()
+    );
+}
+
+#[tokio::test]
+async fn interpolated_script_stays_exact_for_every_policy_the_builder_accepts() {
+    let test = "interpolated_script_stays_exact_for_every_policy_the_builder_accepts";
+    let Some(mut conn) = shared_redis(test).await else {
+        return;
+    };
+    // (limit + 1) × bucket width in µs is just below 2^53, which the builder
+    // accepts; but a check forms (used + cost) × width, and in interpolated mode
+    // `used` may exceed `limit` (the oldest bucket is only partly counted).
+    let (limit, cost, width_us, elapsed_us) = (1u32 << 20, 123u32, 8_589_926_067u64, 1_007_615u64);
+    let p = Policy::builder()
+        .limit(limit)
+        .window(Duration::from_micros(width_us))
+        .buckets(1)
+        .precision(Precision::Interpolated)
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let limiter: Limiter<u64, ManualClock> = Limiter::builder(p.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let redis = RedisStore::builder(p, FailurePolicy::Closed)
+        .url(&redis_url())
+        .timeout(Duration::from_secs(2))
+        .prefix(unique_prefix(test))
+        .deny_cache(0)
+        .build()
+        .expect("the builder accepts this interpolated policy");
+    // The whole limit in one slot, then `cost` units early in the next slot:
+    // exactly, (limit + cost) × w − limit × elapsed = limit × w + 1 µs·unit, over.
+    let slot = 2u64;
+    for (at, cost) in [
+        (slot * width_us + 1, limit),
+        ((slot + 1) * width_us + elapsed_us, cost),
+    ] {
+        let now = Duration::from_micros(at);
+        clock.set(now.as_nanos() as u64);
+        let mem = limiter.check_n(&0, cost);
+        let red = redis.check_at(&0u64, cost, now).await.unwrap();
+        assert_eq!(
+            red.outcome(),
+            mem.outcome(),
+            "cost {cost} at {now:?}: {red:?} vs {mem:?}"
+        );
+    }
+    let _: () = conn.del(redis.redis_key(&0u64)).await.unwrap();
+}

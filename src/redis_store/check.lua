@@ -92,7 +92,10 @@ if elapsed < 0 then elapsed = 0 elseif elapsed > w then elapsed = w end
 local function remaining(total)
   local r
   if interpolated then
-    r = math.floor((limit * w - (total * w - oldest * elapsed)) / w)
+    -- floor((limit * w - (total * w - oldest * elapsed)) / w) without forming
+    -- total * w: total may exceed the limit (up to about twice), and the
+    -- builder only keeps (limit + 1) * w below 2^53.
+    r = limit - total + math.floor(oldest * elapsed / w)
   else
     r = limit - total
   end
@@ -119,7 +122,10 @@ end
 
 local fits
 if interpolated then
-  fits = (used + cost) * w - oldest * elapsed <= limit * w
+  -- (used + cost) * w - oldest * elapsed <= limit * w, with every product below
+  -- limit * w (exact): past the limit by more than the oldest bucket never fits.
+  local over = used + cost - limit
+  fits = over <= 0 or (over <= oldest and over * w <= oldest * elapsed)
 else
   fits = used + cost <= limit
 end

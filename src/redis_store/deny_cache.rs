@@ -15,14 +15,23 @@
 //! decision's `retry_after` must say.
 //!
 //! The one way a count drops early is an undo. This instance's own undos drop the
-//! key's entry; an undo on another instance is not seen here, so for at most R the
+//! key's entry, when sent and again once Redis has applied them, and a denial
+//! whose check was sent before an undo of its key finished is not cached (its
+//! reply may be processed after the undo, or Redis may have run it before the
+//! undo); an undo on another instance is not seen here, so for at most R the
 //! cache may deny units another instance gave back: the safe side, never an
 //! over-admission.
 
 use super::Every;
 use crate::decision::{Decision, Outcome};
 use dashmap::DashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
+
+/// Undo generations, by key hash: a denial is cached only if no undo of its
+/// key's stripe began or ended while its check was in flight.
+const STRIPES: usize = 64;
 
 /// How often a full cache may be swept for expired entries.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
@@ -47,6 +56,7 @@ pub(crate) struct DenyCache {
     /// it, whatever a (misconfigured) store answered.
     longest: Duration,
     sweeps: Every,
+    undos: [AtomicU64; STRIPES],
 }
 
 impl DenyCache {
@@ -57,7 +67,18 @@ impl DenyCache {
             limit,
             longest,
             sweeps: Every::new(SWEEP_INTERVAL),
+            undos: std::array::from_fn(|_| AtomicU64::new(0)),
         }
+    }
+
+    fn stripe(&self, key: &[u8]) -> &AtomicU64 {
+        &self.undos[self.map.hasher().hash_one(key) as usize % STRIPES]
+    }
+
+    /// The undo generation of `key`, read before its check is sent and handed
+    /// back to [`insert`](Self::insert).
+    pub(crate) fn generation(&self, key: &[u8]) -> u64 {
+        self.stripe(key).load(SeqCst)
     }
 
     /// A local denial for `cost` units of `key`, if one is known to hold at `now`.
@@ -79,11 +100,23 @@ impl DenyCache {
         ))
     }
 
-    /// Remember Redis' denial of `cost` units for `key`, for a request sent at `sent`.
-    pub(crate) fn insert(&self, key: Box<[u8]>, sent: Instant, cost: u32, denial: &Decision) {
+    /// Remember Redis' denial of `cost` units for `key`, for a request sent at
+    /// `sent` when the key's undo generation was `generation`.
+    pub(crate) fn insert(
+        &self,
+        key: Box<[u8]>,
+        sent: Instant,
+        generation: u64,
+        cost: u32,
+        denial: &Decision,
+    ) {
         let Some(retry_after) = denial.retry_after() else {
             return;
         };
+        let stripe = self.stripe(&key);
+        if stripe.load(SeqCst) != generation {
+            return;
+        }
         let entry = Entry {
             until: sent + retry_after.min(self.longest),
             cost,
@@ -97,11 +130,17 @@ impl DenyCache {
                 return;
             }
         }
-        self.map.insert(key, entry);
+        self.map.insert(key.clone(), entry);
+        // An undo that began meanwhile may have missed this entry: drop it.
+        if stripe.load(SeqCst) != generation {
+            self.map.remove(&key);
+        }
     }
 
-    /// Forget `key` (its units were given back, so its denial may end early).
+    /// Forget `key` (its units were given back, so its denial may end early),
+    /// and keep checks in flight from caching a denial of it.
     pub(crate) fn remove(&self, key: &[u8]) {
+        self.stripe(key).fetch_add(1, SeqCst);
         self.map.remove(key);
     }
 
@@ -139,7 +178,7 @@ mod tests {
     fn denies_the_same_cost_until_retry_after() {
         let cache = DenyCache::new(10, 5, Duration::from_secs(60));
         let t0 = Instant::now();
-        cache.insert(b"k".to_vec().into(), t0, 2, &denial(100, 1));
+        cache.insert(b"k".to_vec().into(), t0, 0, 2, &denial(100, 1));
         let hit = cache
             .check(b"k", 2, t0 + Duration::from_millis(40))
             .unwrap();
@@ -164,13 +203,13 @@ mod tests {
         let cache = DenyCache::new(3, 5, Duration::from_secs(60));
         let t0 = Instant::now() - Duration::from_secs(1);
         for k in 0..3u8 {
-            cache.insert(vec![k].into(), t0, 1, &denial(10, 0));
+            cache.insert(vec![k].into(), t0, 0, 1, &denial(10, 0));
         }
         // All three expired long ago: a sweep makes room.
-        cache.insert(vec![9].into(), Instant::now(), 1, &denial(10_000, 0));
+        cache.insert(vec![9].into(), Instant::now(), 0, 1, &denial(10_000, 0));
         assert_eq!(cache.len(), 1);
         for k in 10..20u8 {
-            cache.insert(vec![k].into(), Instant::now(), 1, &denial(10_000, 0));
+            cache.insert(vec![k].into(), Instant::now(), 0, 1, &denial(10_000, 0));
         }
         assert!(cache.len() <= 3);
     }
@@ -180,7 +219,7 @@ mod tests {
         let cache = DenyCache::new(3, 5, Duration::from_millis(200));
         let t0 = Instant::now();
         // A store answering a wait of 1000 s (another policy's data, say).
-        cache.insert(b"k".to_vec().into(), t0, 1, &denial(1_000_000, 0));
+        cache.insert(b"k".to_vec().into(), t0, 0, 1, &denial(1_000_000, 0));
         let hit = cache.check(b"k", 1, t0).unwrap();
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(200)));
         assert!(cache
@@ -192,7 +231,7 @@ mod tests {
     fn remove_forgets_a_key() {
         let cache = DenyCache::new(3, 5, Duration::from_secs(60));
         let t0 = Instant::now();
-        cache.insert(b"k".to_vec().into(), t0, 1, &denial(1000, 0));
+        cache.insert(b"k".to_vec().into(), t0, 0, 1, &denial(1000, 0));
         cache.remove(b"k");
         assert!(cache.check(b"k", 1, t0).is_none());
     }

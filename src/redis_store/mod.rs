@@ -761,10 +761,13 @@ impl Inner {
     /// denials, and the failure policy applied to its failures.
     async fn decide(self: Arc<Self>, user: Vec<u8>, cost: u32) -> Result<Decision, StoreError> {
         let sent = Instant::now();
+        let generation = self.deny_cache.as_ref().map(|c| c.generation(&user));
         match self.run_check(&user, cost, None).await {
             Ok(decision) => {
-                if let (Some(cache), Outcome::Denied) = (&self.deny_cache, decision.outcome()) {
-                    cache.insert(user.into_boxed_slice(), sent, cost, &decision);
+                if let (Some(cache), Some(generation), Outcome::Denied) =
+                    (&self.deny_cache, generation, decision.outcome())
+                {
+                    cache.insert(user.into_boxed_slice(), sent, generation, cost, &decision);
                 }
                 Ok(decision)
             }
@@ -828,6 +831,11 @@ impl Inner {
         invocation.key(self.full_key(&user)).arg(slot).arg(cost);
         if let Err(failure) = self.invoke::<i64>(&invocation).await {
             self.note_failure(&failure);
+        }
+        // A check sent before the undo reached Redis may have been denied and
+        // cached meanwhile: the units are back now, so forget it again.
+        if let Some(cache) = &self.deny_cache {
+            cache.remove(&user);
         }
     }
 }
