@@ -90,6 +90,12 @@ pub enum OnLimit {
     /// request too waits there for a unit; its `call` gives the unit back unused.
     /// A keyed layer cannot use it (`poll_ready` sees no request, so no key):
     /// building one is a [`ConfigError`]. In-memory limiters only.
+    ///
+    /// Clones wait in one queue, in turn, and the one at its head keeps the
+    /// queue's timer: a clone whose `poll_ready` returned `Pending` must be
+    /// polled again or dropped. One kept but no longer polled (say
+    /// `timeout(d, svc.ready())` that expired, with `svc` kept for later) holds
+    /// the head, and the clones behind it wait until it is polled or dropped.
     Backpressure,
 }
 

@@ -117,6 +117,16 @@ impl<S: fmt::Debug, K, X, St, M, Co, Ex> fmt::Debug for SlidingWindow<S, K, X, S
     }
 }
 
+/// Backpressure: give back the unit `poll_ready` reserved, for a request that
+/// is not counted (exempt, or without a key).
+fn give_back_reservation<K, X, St, M, Co, Ex>(
+    ready: &mut Option<crate::waiting::BoxedReady<K, X, St, M, Co, Ex>>,
+) {
+    if let Some(ready) = ready.as_mut() {
+        ready.cancel();
+    }
+}
+
 /// Each policy's answer; `None` for a store not asked (yet).
 pub(crate) type Answers = [Option<Result<Decision, StoreError>>; MAX_POLICIES];
 
@@ -165,16 +175,19 @@ where
         let shared = &*self.layer.shared;
         if shared.exempt.is_exempt(&req) {
             // Backpressure reserved a unit in poll_ready: not this request's.
-            if let Some(ready) = self.ready.as_mut() {
-                ready.cancel();
-            }
+            give_back_reservation(&mut self.ready);
             return ResponseFuture::forwarded(self.inner.call(req), None);
         }
         let key = match shared.extractor.extract(&req) {
             Some(key) => key,
             None => match &shared.missing_key {
-                MissingKey::Allow => return ResponseFuture::forwarded(self.inner.call(req), None),
+                MissingKey::Allow => {
+                    // Uncounted: the unit poll_ready reserved is not this request's.
+                    give_back_reservation(&mut self.ready);
+                    return ResponseFuture::forwarded(self.inner.call(req), None);
+                }
                 MissingKey::Reject => {
+                    give_back_reservation(&mut self.ready);
                     bump(&shared.counters.key_missing);
                     if shared.dry_run {
                         tracing::info!("rate limit (dry run): request has no key, would reject");

@@ -10,7 +10,9 @@ use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_sliding_window::{ConfigError, GlobalKey, OnLimit, Policy, SlidingWindowLayer};
+use tower_sliding_window::{
+    ConfigError, GlobalKey, MissingKey, OnLimit, Policy, SlidingWindowLayer,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -652,4 +654,36 @@ async fn a_request_dropped_after_its_turn_but_before_it_was_sent_gives_its_unit_
         .map(|s| s.1 - start)
         .collect();
     assert_eq!(a, [ms(0), ms(2100)], "{:?}", layer.wait_stats());
+}
+
+#[tokio::test(start_paused = true)]
+async fn backpressure_gives_back_the_unit_a_request_without_key_was_readied_with() {
+    // A global limit (key `()`) whose extractor finds no key on some requests;
+    // those are forwarded uncounted (MissingKey::Allow).
+    let layer = SlidingWindowLayer::builder(|req: &Request<()>| {
+        (!req.headers().contains_key("x-anonymous")).then_some(())
+    })
+    .policy(per(1, 1500))
+    .on_limit(OnLimit::Backpressure)
+    .missing_key(MissingKey::Allow)
+    .build()
+    .unwrap();
+    let served = Served::default();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner(&served));
+    let limiter = layer.stores().next().unwrap();
+    // poll_ready reserves the only unit; the request turns out to have no key.
+    let anonymous = Request::builder()
+        .header("x-anonymous", "1")
+        .body(())
+        .unwrap();
+    let response = svc.ready().await.unwrap().call(anonymous).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // Forwarded uncounted: nothing stays counted for it, and another clone is
+    // served at once.
+    assert_eq!(limiter.usage(&()).used, 0, "the unit is back");
+    let start = Instant::now();
+    svc.clone().oneshot(request("b")).await.unwrap();
+    assert_eq!(Instant::now() - start, Duration::ZERO);
 }
