@@ -70,8 +70,10 @@ pub enum OnLimit {
     /// permit, a `Buffer` slot) from other keys. Until the inner service is
     /// ready the request is not sent: dropped then, it gives its units back;
     /// ready only after its admission's bucket has passed, it gives them back
-    /// and asks again (waiting once more, up to `max_wait`, if it must), so it
-    /// never reaches the inner service outside a window that counts it.
+    /// and asks again, ahead of the requests that arrived after it (waiting
+    /// once more, at the head of its key's queue and up to `max_wait`, if it
+    /// must), so it never reaches the inner service outside a window that
+    /// counts it.
     /// In-memory limiters only.
     Wait {
         /// The longest a request may wait for its turn; a duration too long to

@@ -271,9 +271,9 @@ where
             }
             // Ready only after its bucket: sent now, the request would count in
             // no window. Renew the admission (at once, or by waiting again,
-            // holding none of the inner service's capacity meanwhile).
-            release_unused(&*shared, &key, &admitted);
-            waiter = Waiter::new(Arc::clone(&shared), key.clone(), cost);
+            // holding none of the inner service's capacity meanwhile), ahead of
+            // the key's waiters: it was admitted before any of them.
+            waiter = Waiter::renew(Arc::clone(&shared), key.clone(), cost, &admitted);
             if waiter.decided().is_none() {
                 inner = inner.clone(); // drops the readied instance
             }

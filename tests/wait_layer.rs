@@ -687,3 +687,83 @@ async fn backpressure_gives_back_the_unit_a_request_without_key_was_readied_with
     svc.clone().oneshot(request("b")).await.unwrap();
     assert_eq!(Instant::now() - start, Duration::ZERO);
 }
+
+/// An inner service each of whose clones must connect before it is ready: a
+/// fresh clone's first `poll_ready` takes 300 ms (three of the layer's buckets).
+struct Connecting {
+    served: Served,
+    connected: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Clone for Connecting {
+    fn clone(&self) -> Self {
+        Connecting {
+            served: self.served.clone(),
+            connected: None, // a new connection
+        }
+    }
+}
+
+impl Service<Request<()>> for Connecting {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        let connected = self
+            .connected
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(ms(300))));
+        std::future::Future::poll(connected.as_mut(), cx).map(Ok)
+    }
+
+    fn call(&mut self, req: Request<()>) -> Self::Future {
+        let id = req.headers()["x-id"].to_str().unwrap().to_owned();
+        self.served.lock().unwrap().push((id, Instant::now()));
+        std::future::ready(Ok(Response::new(String::new())))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_whose_inner_service_is_ready_only_after_their_bucket_are_all_served_in_order() {
+    // 1 per 1.5 s in 100 ms buckets; every clone of the inner service takes
+    // 300 ms to be ready, so each waiter is ready only after its bucket.
+    let start = Instant::now();
+    let served = Served::default();
+    let svc = ServiceBuilder::new().layer(waiting(1)).service(Connecting {
+        served: served.clone(),
+        connected: None,
+    });
+    let calls: Vec<_> = ["a1", "a2", "a3"]
+        .into_iter()
+        .map(|id| {
+            let req = Request::builder()
+                .header("x-key", "a")
+                .header("x-id", id)
+                .body(())
+                .unwrap();
+            tokio::spawn(tokio::time::timeout(ms(30_000), svc.clone().oneshot(req)))
+        })
+        .collect();
+    for call in calls {
+        let response = call.await.unwrap().unwrap_or_else(|_| {
+            let log = served.lock().unwrap().clone();
+            let at: Vec<_> = log.iter().map(|s| (s.0.clone(), s.1 - start)).collect();
+            panic!("not served within 30 s; served: {at:?}")
+        });
+        assert_eq!(response.unwrap().status(), StatusCode::OK);
+    }
+    let at: Vec<(String, Duration)> = served
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| (s.0.clone(), s.1 - start))
+        .collect();
+    // a1 at 0.3 s; a2 admitted at 1.9 s, ready (and admitted again at once, its
+    // unit given back) at 2.2 s; a3 then waits for a2's unit: admitted at 3.8 s,
+    // ready and admitted again at 4.1 s.
+    let expected: Vec<(String, Duration)> = [("a1", 300), ("a2", 2200), ("a3", 4100)]
+        .iter()
+        .map(|&(id, t)| (id.to_owned(), ms(t)))
+        .collect();
+    assert_eq!(at, expected);
+}

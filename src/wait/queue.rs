@@ -101,7 +101,8 @@ impl<A> Default for KeyQueue<A> {
     fn default() -> Self {
         KeyQueue {
             entries: VecDeque::new(),
-            next_id: 0,
+            // Room below for a renewed admission to wait ahead of everyone.
+            next_id: 1 << 62,
             waiting: 0,
             forecast: None,
         }
@@ -269,6 +270,23 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Waiter<K, G, A> {
     }
 }
 
+impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Waiter<K, G, A> {
+    /// Renew `admitted`, an admission spent too late (its bucket has passed):
+    /// give its units back and take them again now, or wait for them at the
+    /// head of the queue. Admitted before every waiter of the key, the request
+    /// keeps its place ahead of them (no `max_queue` check; its `max_wait`
+    /// counts from now).
+    pub(crate) fn renew(gate: Arc<G>, key: K, cost: u32, admitted: &A) -> Self {
+        let state = rejoin(&*gate, &key, cost, admitted);
+        Waiter {
+            gate,
+            key,
+            state,
+            cancel: cancel::<K, G>,
+        }
+    }
+}
+
 impl<K, G, A: Copy> Waiter<K, G, A> {
     pub(crate) fn expected_admission(&self) -> Option<Instant> {
         match self.state {
@@ -342,6 +360,59 @@ fn enqueue<K: Hash + Eq + Clone, G: Gate<K>>(
                 Err(Err(rejection)) => WaiterState::Done(Err(rejection)),
             }
         }
+    }
+}
+
+/// [`Waiter::renew`]: give back and take again under the key's lock (no waiter
+/// takes the units in between), or wait at the front of the queue.
+fn rejoin<K: Hash + Eq + Clone, G: Gate<K>>(
+    gate: &G,
+    key: &K,
+    cost: u32,
+    admitted: &G::Admitted,
+) -> WaiterState<G::Admitted> {
+    let queues = gate.queues();
+    let mut q = queues.map.entry(key.clone()).or_default();
+    gate.give_back(key, admitted);
+    bump(&queues.counters.undone);
+    q.forecast = None;
+    let denied = match gate.try_admit(key, cost) {
+        Ok(admitted) => {
+            drop(q);
+            queues.remove_if_idle(key);
+            return decided(gate, Ok(admitted));
+        }
+        Err(denied) => denied,
+    };
+    let Some(wait) = denied.decision.retry_after() else {
+        drop(q);
+        queues.remove_if_idle(key);
+        return decided(gate, Err(denied));
+    };
+    let now = Instant::now();
+    // Ids stay sorted: below the front's, or the next one in an empty queue.
+    let id = match q.entries.front() {
+        Some(front) => front.id - 1,
+        None => {
+            q.next_id += 1;
+            q.next_id - 1
+        }
+    };
+    // The former head, if any, finds it is no longer the head when it wakes.
+    q.waiting += 1;
+    q.entries.push_front(Entry {
+        id,
+        cost,
+        state: State::Waiting,
+        waker: None,
+        forecast: None,
+        give_up_at: queues.config.max_wait.and_then(|m| now.checked_add(m)),
+        fits_at: Some(now + wait),
+    });
+    WaiterState::Waiting {
+        id,
+        sleep: None,
+        expected: None,
     }
 }
 
