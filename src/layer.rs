@@ -382,7 +382,8 @@ where
 impl<K, X, St, M, Co, Ex> SlidingWindowLayer<K, X, St, M, Co, Ex> {
     /// The layer's stores, one per policy, in the order they were added: read
     /// their counters (for the in-memory [`Limiter`], [`Limiter::stats`] and
-    /// [`Limiter::usage`]).
+    /// [`Limiter::usage`]). With several policies, a store's `admitted` also
+    /// counts requests another policy denied (their units were given back).
     pub fn stores(&self) -> impl ExactSizeIterator<Item = &St> + '_ {
         self.shared.limits.iter().map(|l| &l.store)
     }
@@ -809,10 +810,14 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// unless the response already has them. The hook's status is kept unless
     /// it is a success (`Response::new` leaves 200): a rejection then gets the
     /// layer's [`status`](Self::status), 429 by default. gRPC requests keep the
-    /// gRPC rejection. The response body must still implement `Default`: the
-    /// answers to a missing key, a store that is down and gRPC requests are
-    /// built with an empty body (with a body type that has no default, such as
-    /// `Either`, map the inner service's body to a boxed one first).
+    /// gRPC rejection. The hook returns the inner service's response type: in
+    /// axum, an `axum::response::Response`, say
+    /// `(StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response()` (the
+    /// example below serves a `String` body). The response body must still
+    /// implement `Default`: the answers to a missing key, a store that is down
+    /// and gRPC requests are built with an empty body (with a body type that
+    /// has no default, such as `Either`, map the inner service's body to a
+    /// boxed one first).
     ///
     /// ```
     /// use std::time::Duration;

@@ -93,7 +93,10 @@ impl Counters {
 /// request path pays one plain add to a counter only its thread writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
-    /// Checks that were allowed.
+    /// Checks that were allowed. A check given back afterwards with
+    /// [`Limiter::undo`](crate::Limiter::undo) still counts: behind a layer of
+    /// several policies, a request another policy denied counts here but was
+    /// not forwarded (the denying policy counts it in `rejected`).
     pub admitted: u64,
     /// Checks that were denied (including costs above the limit).
     pub rejected: u64,
