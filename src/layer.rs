@@ -72,8 +72,9 @@ pub enum OnLimit {
     /// ready only after its admission's bucket has passed, it gives them back
     /// and asks again, ahead of the requests that arrived after it (waiting
     /// once more, at the head of its key's queue and up to `max_wait`, if it
-    /// must), so it never reaches the inner service outside a window that
-    /// counts it.
+    /// must; this short wait keeps the readied inner service, since a fresh
+    /// one could again be ready too late), so it never reaches the inner
+    /// service outside a window that counts it.
     /// In-memory limiters only.
     Wait {
         /// The longest a request may wait for its turn; a duration too long to

@@ -270,13 +270,13 @@ where
                 break (Ok(admitted), None);
             }
             // Ready only after its bucket: sent now, the request would count in
-            // no window. Renew the admission (at once, or by waiting again,
-            // holding none of the inner service's capacity meanwhile), ahead of
-            // the key's waiters: it was admitted before any of them.
+            // no window. Renew the admission (at once, or by waiting again),
+            // ahead of the key's waiters: it was admitted before any of them.
+            // The readied instance is kept: at the front of the queue the wait
+            // ends when units leave the window (at most one window), while a
+            // fresh clone could take longer than a window to be ready, and the
+            // key's waiters would take each other's units forever.
             waiter = Waiter::renew(Arc::clone(&shared), key.clone(), cost, &admitted);
-            if waiter.decided().is_none() {
-                inner = inner.clone(); // drops the readied instance
-            }
         };
         let headers = match outcome::<S, Req, K, X, St, M, Co, Ex>(&shared, &req, &key, result) {
             Action::Forward(headers) => headers,

@@ -767,3 +767,104 @@ async fn requests_whose_inner_service_is_ready_only_after_their_bucket_are_all_s
         .collect();
     assert_eq!(at, expected);
 }
+
+#[tokio::test(start_paused = true)]
+async fn requests_whose_inner_service_is_ready_only_after_their_window_are_all_served() {
+    // 1 per 150 ms in 10 ms buckets: a unit leaves the window 160 ms after it
+    // was counted, before a fresh clone of the inner service is ready (300 ms).
+    let start = Instant::now();
+    let served = Served::default();
+    let layer = SlidingWindowLayer::builder(by_key as ByKey)
+        .policy(per(1, 150))
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(Connecting {
+            served: served.clone(),
+            connected: None,
+        });
+    let calls: Vec<_> = ["a1", "a2", "a3"]
+        .into_iter()
+        .map(|id| {
+            let req = Request::builder()
+                .header("x-key", "a")
+                .header("x-id", id)
+                .body(())
+                .unwrap();
+            tokio::spawn(tokio::time::timeout(ms(30_000), svc.clone().oneshot(req)))
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for call in calls {
+        outcomes.push(call.await.unwrap().is_ok());
+    }
+    let at: Vec<(String, Duration)> = served
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| (s.0.clone(), s.1 - start))
+        .collect();
+    // Neither served nor rejected (max_wait is 10 s) within 30 s: a2 and a3 take
+    // each other's unit while their fresh clones connect, forever.
+    assert_eq!(
+        outcomes,
+        [true, true, true],
+        "answered within 30 s; served: {at:?}; {:?}",
+        layer.wait_stats()
+    );
+    // a1 at 0.3 s; a2 admitted at 0.46 s, ready at 0.76 s and renewed, waits
+    // for a3's unit (admitted at 0.62 s) to leave: 0.78 s; a3 ready at 0.92 s,
+    // renewed, waits for a2's unit: 0.94 s.
+    let expected: Vec<(String, Duration)> = [("a1", 300), ("a2", 780), ("a3", 940)]
+        .iter()
+        .map(|&(id, t)| (id.to_owned(), ms(t)))
+        .collect();
+    assert_eq!(at, expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewed_admission_is_not_counted_as_admitted_on_arrival() {
+    // As above: 1 per 1.5 s, every clone of the inner service ready after 300 ms.
+    // a1 is admitted on arrival; a2 and a3 wait, are admitted, and are renewed
+    // at once when their inner service is ready after their bucket.
+    let layer = waiting(1);
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(Connecting {
+            served: served.clone(),
+            connected: None,
+        });
+    let calls: Vec<_> = ["a1", "a2", "a3"]
+        .into_iter()
+        .map(|id| {
+            let req = Request::builder()
+                .header("x-key", "a")
+                .header("x-id", id)
+                .body(())
+                .unwrap();
+            tokio::spawn(svc.clone().oneshot(req))
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(served.lock().unwrap().len(), 3);
+    let stats = layer.wait_stats();
+    // WaitStats: admitted_at_once is "admitted on arrival, without waiting"; an
+    // undone admission's "next admission counts again in admitted_after_wait".
+    assert_eq!(
+        (
+            stats.admitted_at_once,
+            stats.admitted_after_wait,
+            stats.undone
+        ),
+        (1, 4, 2),
+        "{stats:?}"
+    );
+}

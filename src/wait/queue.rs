@@ -380,7 +380,10 @@ fn rejoin<K: Hash + Eq + Clone, G: Gate<K>>(
         Ok(admitted) => {
             drop(q);
             queues.remove_if_idle(key);
-            return decided(gate, Ok(admitted));
+            // Not an arrival: an undone admission's next one counts again as
+            // admitted after waiting (as in `step`), not as admitted at once.
+            bump(&queues.counters.admitted_after_wait);
+            return WaiterState::Done(Ok(admitted));
         }
         Err(denied) => denied,
     };
