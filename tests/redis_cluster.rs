@@ -25,14 +25,31 @@ impl Drop for Cluster {
 
 impl Cluster {
     /// Three masters, no replicas, every slot assigned; `None` (after a skip
-    /// notice) when `redis-server` / `redis-cli` are missing.
+    /// notice) when they cannot be started. Up to three attempts, each on fresh
+    /// ports: an ephemeral port picked here can be taken before the node binds it.
     async fn start(test: &str) -> Option<Cluster> {
-        let dir = std::env::temp_dir().join(unique_prefix(test).replace(':', "-"));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            skip(test, &format!("cannot create {}: {e}", dir.display()));
-            return None;
+        let mut failures = Vec::new();
+        for attempt in 0..3 {
+            match Cluster::try_start(test, attempt).await {
+                Ok(cluster) => return Some(cluster),
+                Err(e) => failures.push(e),
+            }
         }
-        let mut nodes = Vec::new();
+        skip(test, &failures.join("; "));
+        None
+    }
+
+    async fn try_start(test: &str, attempt: u32) -> Result<Cluster, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "{}-{attempt}",
+            unique_prefix(test).replace(':', "-")
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
+            dir,
+        };
         for i in 0..3 {
             let args = vec![
                 "--cluster-enabled".to_owned(),
@@ -41,13 +58,18 @@ impl Cluster {
                 "--cluster-port".to_owned(),
                 free_port().to_string(),
                 "--cluster-config-file".to_owned(),
-                dir.join(format!("nodes-{i}.conf")).display().to_string(),
+                cluster
+                    .dir
+                    .join(format!("nodes-{i}.conf"))
+                    .display()
+                    .to_string(),
                 "--dir".to_owned(),
-                dir.display().to_string(),
+                cluster.dir.display().to_string(),
             ];
-            nodes.push(RedisServer::start_with(test, free_port(), args).await?);
+            cluster
+                .nodes
+                .push(RedisServer::try_start_with(free_port(), args).await?);
         }
-        let cluster = Cluster { nodes, dir };
         let mut create = std::process::Command::new("redis-cli");
         create.args(["--cluster", "create"]);
         for node in &cluster.nodes {
@@ -57,19 +79,12 @@ impl Cluster {
         match create.output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => {
-                skip(
-                    test,
-                    &format!(
-                        "redis-cli --cluster create failed: {}",
-                        String::from_utf8_lossy(&out.stdout)
-                    ),
-                );
-                return None;
+                return Err(format!(
+                    "redis-cli --cluster create failed: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                ))
             }
-            Err(e) => {
-                skip(test, &format!("cannot run redis-cli: {e}"));
-                return None;
-            }
+            Err(e) => return Err(format!("cannot run redis-cli: {e}")),
         }
         // Bounded wait until every node agrees the cluster is up.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -80,18 +95,17 @@ impl Cluster {
                     .arg("INFO")
                     .query_async(&mut conn)
                     .await
-                    .unwrap();
+                    .map_err(|e| format!("CLUSTER INFO: {e}"))?;
                 if info.contains("cluster_state:ok") {
                     break;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "cluster not ok after 10 s: {info}"
-                );
+                if Instant::now() >= deadline {
+                    return Err(format!("cluster not ok after 10 s: {info}"));
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        Some(cluster)
+        Ok(cluster)
     }
 
     fn urls(&self) -> Vec<String> {

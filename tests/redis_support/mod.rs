@@ -98,17 +98,25 @@ impl RedisServer {
 
     /// Start one on `port` with extra `redis-server` arguments.
     pub async fn start_with(test: &str, port: u16, extra_args: Vec<String>) -> Option<RedisServer> {
+        match RedisServer::try_start_with(port, extra_args).await {
+            Ok(server) => Some(server),
+            Err(e) => {
+                skip(test, &e);
+                None
+            }
+        }
+    }
+
+    /// [`start_with`](Self::start_with), reporting a failure instead of skipping.
+    pub async fn try_start_with(port: u16, extra_args: Vec<String>) -> Result<RedisServer, String> {
         let mut server = RedisServer {
             port,
             extra_args,
             child: None,
         };
         match server.spawn().await {
-            Ok(()) => Some(server),
-            Err(e) => {
-                skip(test, &format!("cannot start redis-server: {e}"));
-                None
-            }
+            Ok(()) => Ok(server),
+            Err(e) => Err(format!("cannot start redis-server: {e}")),
         }
     }
 
