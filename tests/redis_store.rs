@@ -33,6 +33,27 @@ fn store(policy: Policy, prefix: &str) -> RedisStore {
         .unwrap()
 }
 
+/// `p` in memory, on a manual clock.
+fn in_memory(p: Policy) -> (Limiter<u64, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder(p).clock(clock.clone()).build().unwrap();
+    (limiter, clock)
+}
+
+/// `p` on both sides of a decision-by-decision comparison: in memory on a
+/// manual clock, and in Redis with no deny cache (it would answer locally).
+fn compared_sides(p: Policy, test: &str) -> (Limiter<u64, ManualClock>, ManualClock, RedisStore) {
+    let (limiter, clock) = in_memory(p.clone());
+    let redis = RedisStore::builder(p, FailurePolicy::Closed)
+        .url(&redis_url())
+        .timeout(Duration::from_secs(2))
+        .prefix(unique_prefix(test))
+        .deny_cache(0)
+        .build()
+        .expect("the Redis store accepts every policy the builder does");
+    (limiter, clock, redis)
+}
+
 #[tokio::test]
 async fn two_stores_on_separate_connections_admit_exactly_the_limit_together() {
     let test = "two_stores_on_separate_connections_admit_exactly_the_limit_together";
@@ -329,18 +350,7 @@ async fn compare_with_the_ring(test: &str, precision: Precision, trace: Trace) {
         .precision(precision)
         .build()
         .unwrap();
-    let clock = ManualClock::new();
-    let limiter: Limiter<u64, ManualClock> = Limiter::builder(p.clone())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let redis = RedisStore::builder(p, FailurePolicy::Closed)
-        .url(&redis_url())
-        .timeout(Duration::from_secs(2))
-        .prefix(unique_prefix(test))
-        .deny_cache(0)
-        .build()
-        .unwrap();
+    let (limiter, clock, redis) = compared_sides(p, test);
 
     let mut rng = Rng::new(0x5eed);
     // Start well away from zero, like Redis' TIME.
@@ -430,11 +440,7 @@ async fn same_trace_never_admits_more_than_the_limit_per_window_in_memory_or_in_
     let trace = bursty_trace(7, 400, 2, 3, p.bucket_width());
 
     // In memory, on a manual clock.
-    let clock = ManualClock::new();
-    let limiter: Limiter<u64, ManualClock> = Limiter::builder(p.clone())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (limiter, clock) = in_memory(p.clone());
     let mut mem: Vec<Vec<Admitted>> = vec![Vec::new(); 2];
     for step in &trace {
         clock.advance(step.gap);
@@ -715,18 +721,7 @@ async fn interpolated_script_stays_exact_for_every_policy_the_builder_accepts() 
         .precision(Precision::Interpolated)
         .build()
         .unwrap();
-    let clock = ManualClock::new();
-    let limiter: Limiter<u64, ManualClock> = Limiter::builder(p.clone())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let redis = RedisStore::builder(p, FailurePolicy::Closed)
-        .url(&redis_url())
-        .timeout(Duration::from_secs(2))
-        .prefix(unique_prefix(test))
-        .deny_cache(0)
-        .build()
-        .expect("the builder accepts this interpolated policy");
+    let (limiter, clock, redis) = compared_sides(p, test);
     // The whole limit in one slot, then `cost` units early in the next slot:
     // exactly, (limit + cost) × w − limit × elapsed = limit × w + 1 µs·unit, over.
     let slot = 2u64;

@@ -599,13 +599,7 @@ async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() 
     for call in [second, slow, third] {
         assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
     }
-    let at: Vec<Duration> = served
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.0 == "a")
-        .map(|s| s.1 - start)
-        .collect();
+    let at = times_of(&served, "a", start);
     assert_eq!(at.len(), 3);
     for (i, t) in at.iter().enumerate() {
         let in_window = at[i..].iter().filter(|u| **u - *t < ms(1500)).count();
@@ -646,13 +640,7 @@ async fn a_request_dropped_after_its_turn_but_before_it_was_sent_gives_its_unit_
     let third = svc.clone().oneshot(request("a")).await.unwrap();
     assert_eq!(third.status(), StatusCode::OK);
     assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
-    let a: Vec<Duration> = served
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.0 == "a")
-        .map(|s| s.1 - start)
-        .collect();
+    let a = times_of(&served, "a", start);
     assert_eq!(a, [ms(0), ms(2100)], "{:?}", layer.wait_stats());
 }
 
@@ -723,49 +711,84 @@ impl Service<Request<()>> for Connecting {
     }
 }
 
+fn connecting(served: &Served) -> Connecting {
+    Connecting {
+        served: served.clone(),
+        connected: None,
+    }
+}
+
+/// A response, or the timeout that came first.
+type Answer = Result<Result<Response<String>, Infallible>, tokio::time::error::Elapsed>;
+
+/// Requests `ids` of key `a`, sent at once, each answered within 30 s or
+/// reported as timed out.
+fn send_in_order<S>(svc: &S, ids: &[&str]) -> Vec<tokio::task::JoinHandle<Answer>>
+where
+    S: Service<Request<()>, Response = Response<String>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    ids.iter()
+        .map(|id| {
+            let req = Request::builder()
+                .header("x-key", "a")
+                .header("x-id", *id)
+                .body(())
+                .unwrap();
+            tokio::spawn(tokio::time::timeout(ms(30_000), svc.clone().oneshot(req)))
+        })
+        .collect()
+}
+
+/// When each request reached the inner service (by the name it logged), from `start`.
+fn served_at(served: &Served, start: Instant) -> Vec<(String, Duration)> {
+    let log = served.lock().unwrap();
+    log.iter().map(|s| (s.0.clone(), s.1 - start)).collect()
+}
+
+/// When `key`'s requests reached the inner service, from `start`.
+fn times_of(served: &Served, key: &str, start: Instant) -> Vec<Duration> {
+    let log = served.lock().unwrap();
+    log.iter()
+        .filter(|s| s.0 == key)
+        .map(|s| s.1 - start)
+        .collect()
+}
+
+/// `(name, milliseconds)` pairs as [`served_at`] reports them.
+fn expected_at(pairs: &[(&str, u64)]) -> Vec<(String, Duration)> {
+    pairs
+        .iter()
+        .map(|&(id, t)| (id.to_owned(), ms(t)))
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn requests_whose_inner_service_is_ready_only_after_their_bucket_are_all_served_in_order() {
     // 1 per 1.5 s in 100 ms buckets; every clone of the inner service takes
     // 300 ms to be ready, so each waiter is ready only after its bucket.
     let start = Instant::now();
     let served = Served::default();
-    let svc = ServiceBuilder::new().layer(waiting(1)).service(Connecting {
-        served: served.clone(),
-        connected: None,
-    });
-    let calls: Vec<_> = ["a1", "a2", "a3"]
-        .into_iter()
-        .map(|id| {
-            let req = Request::builder()
-                .header("x-key", "a")
-                .header("x-id", id)
-                .body(())
-                .unwrap();
-            tokio::spawn(tokio::time::timeout(ms(30_000), svc.clone().oneshot(req)))
-        })
-        .collect();
-    for call in calls {
+    let svc = ServiceBuilder::new()
+        .layer(waiting(1))
+        .service(connecting(&served));
+    for call in send_in_order(&svc, &["a1", "a2", "a3"]) {
         let response = call.await.unwrap().unwrap_or_else(|_| {
-            let log = served.lock().unwrap().clone();
-            let at: Vec<_> = log.iter().map(|s| (s.0.clone(), s.1 - start)).collect();
+            let at = served_at(&served, start);
             panic!("not served within 30 s; served: {at:?}")
         });
         assert_eq!(response.unwrap().status(), StatusCode::OK);
     }
-    let at: Vec<(String, Duration)> = served
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|s| (s.0.clone(), s.1 - start))
-        .collect();
     // a1 at 0.3 s; a2 admitted at 1.9 s, ready (and admitted again at once, its
     // unit given back) at 2.2 s; a3 then waits for a2's unit: admitted at 3.8 s,
     // ready and admitted again at 4.1 s.
-    let expected: Vec<(String, Duration)> = [("a1", 300), ("a2", 2200), ("a3", 4100)]
-        .iter()
-        .map(|&(id, t)| (id.to_owned(), ms(t)))
-        .collect();
-    assert_eq!(at, expected);
+    assert_eq!(
+        served_at(&served, start),
+        expected_at(&[("a1", 300), ("a2", 2200), ("a3", 4100)])
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -784,31 +807,12 @@ async fn requests_whose_inner_service_is_ready_only_after_their_window_are_all_s
         .unwrap();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
-        .service(Connecting {
-            served: served.clone(),
-            connected: None,
-        });
-    let calls: Vec<_> = ["a1", "a2", "a3"]
-        .into_iter()
-        .map(|id| {
-            let req = Request::builder()
-                .header("x-key", "a")
-                .header("x-id", id)
-                .body(())
-                .unwrap();
-            tokio::spawn(tokio::time::timeout(ms(30_000), svc.clone().oneshot(req)))
-        })
-        .collect();
+        .service(connecting(&served));
     let mut outcomes = Vec::new();
-    for call in calls {
+    for call in send_in_order(&svc, &["a1", "a2", "a3"]) {
         outcomes.push(call.await.unwrap().is_ok());
     }
-    let at: Vec<(String, Duration)> = served
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|s| (s.0.clone(), s.1 - start))
-        .collect();
+    let at = served_at(&served, start);
     // Neither served nor rejected (max_wait is 10 s) within 30 s: a2 and a3 take
     // each other's unit while their fresh clones connect, forever.
     assert_eq!(
@@ -820,11 +824,7 @@ async fn requests_whose_inner_service_is_ready_only_after_their_window_are_all_s
     // a1 at 0.3 s; a2 admitted at 0.46 s, ready at 0.76 s and renewed, waits
     // for a3's unit (admitted at 0.62 s) to leave: 0.78 s; a3 ready at 0.92 s,
     // renewed, waits for a2's unit: 0.94 s.
-    let expected: Vec<(String, Duration)> = [("a1", 300), ("a2", 780), ("a3", 940)]
-        .iter()
-        .map(|&(id, t)| (id.to_owned(), ms(t)))
-        .collect();
-    assert_eq!(at, expected);
+    assert_eq!(at, expected_at(&[("a1", 300), ("a2", 780), ("a3", 940)]));
 }
 
 #[tokio::test(start_paused = true)]
@@ -836,23 +836,10 @@ async fn a_renewed_admission_is_not_counted_as_admitted_on_arrival() {
     let served = Served::default();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
-        .service(Connecting {
-            served: served.clone(),
-            connected: None,
-        });
-    let calls: Vec<_> = ["a1", "a2", "a3"]
-        .into_iter()
-        .map(|id| {
-            let req = Request::builder()
-                .header("x-key", "a")
-                .header("x-id", id)
-                .body(())
-                .unwrap();
-            tokio::spawn(svc.clone().oneshot(req))
-        })
-        .collect();
-    for call in calls {
-        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+        .service(connecting(&served));
+    for call in send_in_order(&svc, &["a1", "a2", "a3"]) {
+        let response = call.await.unwrap().expect("answered within 30 s");
+        assert_eq!(response.unwrap().status(), StatusCode::OK);
     }
     assert_eq!(served.lock().unwrap().len(), 3);
     let stats = layer.wait_stats();
