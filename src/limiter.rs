@@ -465,14 +465,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         // been evicted by it, and its units then must not share a span with
         // these (a clock stepped back, or a check stalled since reading it).
         let at = now.max(self.swept_at.load(SeqCst));
-        let mut d = self.overflow.acquire(g, at, cost);
-        // Its times count from `at`; a decision's count from the clock's reading.
-        let ahead = at - now;
-        if d.outcome() == Outcome::Denied {
-            d.retry_after_ns = d.retry_after_ns.saturating_add(ahead);
-        }
-        d.reset_ns = d.reset_ns.saturating_add(ahead);
-        d.overflow = true;
+        let d = overflow_decision(self.overflow.acquire(g, at, cost), at, now);
         // A check of cost 0 counted nothing for the key: no mark, no copy later.
         if d.is_allowed() && cost > 0 {
             self.overflow_mark(key)
@@ -520,14 +513,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let g = &self.geometry;
         let start = now.max(self.swept_at.load(SeqCst));
         if self.keys.load(Relaxed) >= self.max_keys {
-            let mut d = self.overflow.peek(g, start, cost);
-            let ahead = start - now;
-            if d.outcome() == Outcome::Denied {
-                d.retry_after_ns = d.retry_after_ns.saturating_add(ahead);
-            }
-            d.reset_ns = d.reset_ns.saturating_add(ahead);
-            d.overflow = true;
-            d
+            overflow_decision(self.overflow.peek(g, start, cost), start, now)
         } else if g.slot(start) < self.overflow_mark(key).load(SeqCst) {
             self.overflow.copy(g, start).peek(g, now, cost)
         } else {
@@ -596,6 +582,19 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 }
 
 /// Where the slot after the one holding `now` begins (saturating at the end of time).
+/// A decision of the overflow ring, made at `at` (no earlier than the latest
+/// sweep), as of the clock's reading `now`: its times count from `at`, a
+/// decision's from `now`.
+fn overflow_decision(mut d: Decision, at: u64, now: u64) -> Decision {
+    let ahead = at - now;
+    if d.outcome() == Outcome::Denied {
+        d.retry_after_ns = d.retry_after_ns.saturating_add(ahead);
+    }
+    d.reset_ns = d.reset_ns.saturating_add(ahead);
+    d.overflow = true;
+    d
+}
+
 fn next_slot_start(now: u64, bucket_nanos: u64) -> u64 {
     (now / bucket_nanos + 1).saturating_mul(bucket_nanos)
 }

@@ -343,15 +343,8 @@ struct UndoOnDrop<K, X, St: Store<K>, M, Co, Ex> {
 
 impl<K, X, St: Store<K>, M, Co, Ex> Drop for UndoOnDrop<K, X, St, M, Co, Ex> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        for (answer, limit) in self.answers.iter().zip(self.shared.limits.iter()) {
-            if let Some(Ok(d)) = answer {
-                if d.is_allowed() {
-                    limit.store.undo(&self.key, d);
-                }
-            }
+        if self.armed {
+            undo_admitted(&self.shared, &self.key, &self.answers);
         }
     }
 }
@@ -403,6 +396,17 @@ pub(crate) fn decide<K, X, St: Store<K>, M, Co, Ex>(
         // Every policy asked allowed (a layer has at least one).
         (None, None) => return Verdict::Allowed(allowed.map_or(0, |(i, _)| i)),
     };
+    undo_admitted(shared, key, answers);
+    verdict
+}
+
+/// Give back every unit the answers admitted (all-or-nothing: the request
+/// does not go through).
+fn undo_admitted<K, X, St: Store<K>, M, Co, Ex>(
+    shared: &Shared<K, X, St, M, Co, Ex>,
+    key: &K,
+    answers: &Answers,
+) {
     for (answer, limit) in answers.iter().zip(shared.limits.iter()) {
         if let Some(Ok(d)) = answer {
             if d.is_allowed() {
@@ -410,7 +414,6 @@ pub(crate) fn decide<K, X, St: Store<K>, M, Co, Ex>(
             }
         }
     }
-    verdict
 }
 
 pub(crate) fn act<Req, S, K, X, St, M, Co, Ex>(

@@ -123,6 +123,21 @@ struct Entry<A> {
     fits_at: Option<Instant>,
 }
 
+impl<A> Entry<A> {
+    /// A waiter of `cost` joining at `now`: it gives up `max_wait` later.
+    fn waiting(id: u64, cost: u32, config: WaitConfig, now: Instant) -> Self {
+        Entry {
+            id,
+            cost,
+            state: State::Waiting,
+            waker: None,
+            forecast: None,
+            give_up_at: config.max_wait.and_then(|m| now.checked_add(m)),
+            fits_at: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 enum State<A> {
     Waiting,
@@ -404,13 +419,8 @@ fn rejoin<K: Hash + Eq + Clone, G: Gate<K>>(
     // The former head, if any, finds it is no longer the head when it wakes.
     q.waiting += 1;
     q.entries.push_front(Entry {
-        id,
-        cost,
-        state: State::Waiting,
-        waker: None,
-        forecast: None,
-        give_up_at: queues.config.max_wait.and_then(|m| now.checked_add(m)),
         fits_at: Some(now + wait),
+        ..Entry::waiting(id, cost, queues.config, now)
     });
     WaiterState::Waiting {
         id,
@@ -514,17 +524,13 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
     q.next_id += 1;
     q.waiting += 1;
     q.entries.push_back(Entry {
-        id,
-        cost,
-        state: State::Waiting,
-        waker: None,
         forecast: fingerprint,
-        give_up_at: config.max_wait.and_then(|m| now.checked_add(m)),
         // As head at once, it sleeps on its arrival's denial without checking again.
         fits_at: denial
             .filter(|_| head)
             .and_then(|d| d.decision.retry_after())
             .map(|wait| now + wait),
+        ..Entry::waiting(id, cost, config, now)
     });
     Joined::Waiting { id, expected }
 }
