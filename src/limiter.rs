@@ -359,12 +359,26 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 
     /// The key's window now, bucket by bucket, for the wait queue's forecast.
     /// Nothing is counted.
+    ///
+    /// A key without a ring is read as [`peek`](Self::peek) reads it: at the
+    /// cap (or while its group's overflow mark says its new ring would start
+    /// as a copy) the overflow ring's window is the one its checks meet; else
+    /// an empty window starting no earlier than the latest sweep.
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
         let now = self.now();
         let (slot, counts) = match self.partition(key).map.pin().get(key) {
             Some(ring) => ring.counts_by_age(g, now),
-            None => (g.slot(now), vec![0; g.buckets() as usize + 1]),
+            None => {
+                let start = now.max(self.swept_at.load(SeqCst));
+                if self.keys.load(Relaxed) >= self.max_keys
+                    || g.slot(start) < self.overflow_mark(key).load(SeqCst)
+                {
+                    self.overflow.counts_by_age(g, start)
+                } else {
+                    (g.slot(start), vec![0; g.buckets() as usize + 1])
+                }
+            }
         };
         WindowSnapshot {
             geometry: *g,

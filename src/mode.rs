@@ -114,7 +114,7 @@ impl<T: sealed::Configure> ModeConfig for T {}
 /// | header | value |
 /// |---|---|
 /// | `RateLimit-Policy` | `"name";q=L;w=W`, one list member per policy of the layer (`W`: window in seconds, rounded up) |
-/// | `RateLimit` | `"name";r=R;t=T` for the reported policy: the closest to its limit (lowest remaining share) when allowed, the denying policy with the longest wait when denied. `R`: units remaining; `T`: seconds, rounded up, until the cost could pass when denied (equal to `Retry-After`), until the window drains when allowed |
+/// | `RateLimit` | `"name";r=R;t=T` for the reported policy: the closest to its limit (lowest remaining share) when allowed, the denying policy with the longest wait when denied. `R`: units remaining; `T`: seconds, rounded up, until the cost could pass when denied (equal to `Retry-After`), until the window drains when allowed or when the cost exceeds the limit (no `Retry-After` then; `t` may be 0) |
 /// | `Retry-After` | on rejections: whole seconds, rounded up, at least 1; omitted when the cost exceeds the limit, since no wait helps |
 /// | `X-RateLimit-Limit` / `-Remaining` / `-Reset` | opt-in legacy fields; `Reset` is **seconds until the window drains**, not an epoch time |
 ///

@@ -105,8 +105,9 @@ pub struct Stats {
     /// Idle keys dropped so far.
     pub keys_evicted: u64,
     /// Checks of untracked keys that went to the shared overflow ring because the
-    /// limiter was at `max_keys` (or had just been, and the overflow ring still
-    /// held units in the window).
+    /// limiter was at `max_keys`. (Below the cap, a key the overflow ring counted
+    /// gets a ring of its own that starts as a copy of the overflow ring; those
+    /// checks are not counted here.)
     pub overflowed: u64,
 }
 

@@ -105,6 +105,41 @@ async fn a_request_whose_wait_would_exceed_the_bound_is_rejected_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn at_max_keys_the_forecast_reads_the_overflow_ring_that_decides_the_key() {
+    // Room for one key: key 1 takes it, so key 2 is counted in the overflow ring.
+    let start = Instant::now();
+    let policy = Policy::per(2, Duration::from_millis(1500)).unwrap();
+    let limiter = Arc::new(Limiter::builder(policy).max_keys(1).build().unwrap());
+    assert!(limiter.check(&1u32).is_allowed());
+    let q = Arc::new(WaitQueues::new(
+        limiter,
+        WaitConfig::bounded(Duration::from_millis(1600), 100).unwrap(),
+    ));
+    let now = q.acquire(2, 2).await.unwrap();
+    assert!(now.is_allowed() && now.is_overflow());
+    // As for a tracked key: the first units leave the window at 1.6 s...
+    let third = q.acquire(2, 1);
+    let fourth = q.acquire(2, 1);
+    assert_eq!(third.expected_admission(), Some(start + ms(1600)));
+    assert_eq!(fourth.expected_admission(), Some(start + ms(1600)));
+    // ...so a fifth's turn would come at 3.2 s: rejected now, saying when.
+    let fifth = q.acquire(2, 1);
+    assert!(
+        !fifth.is_waiting(),
+        "queued, expected at {:?}",
+        fifth.expected_admission().map(|at| at - start)
+    );
+    let rejected = fifth.await.unwrap_err();
+    assert_eq!(rejected.reason, WaitRejectReason::WaitTooLong);
+    assert_eq!(rejected.decision.retry_after(), Some(ms(3200)));
+    assert_eq!(Instant::now(), start, "no time passed");
+
+    let (a, b) = tokio::join!(third, fourth);
+    assert!(a.unwrap().is_allowed() && b.unwrap().is_allowed());
+    assert_eq!(Instant::now(), start + ms(1600));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_request_that_finds_the_queue_full_is_rejected_at_once() {
     let q = queues::<&str>(1, Duration::from_secs(60), 2);
     q.acquire("k", 1).await.unwrap();
