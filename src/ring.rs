@@ -166,6 +166,10 @@ impl Geometry {
         self.limit
     }
 
+    pub(crate) fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// N: buckets per window.
     pub(crate) fn buckets(&self) -> u64 {
         self.n

@@ -37,7 +37,8 @@
 //! from the ring, O(queue + N), after a cancellation or when an admission strays
 //! from it (checks for the key from outside the queue, a late timer). In
 //! [`Precision::Interpolated`](crate::Precision::Interpolated) mode the forecast
-//! is the strict one, an upper bound (interpolation only ever admits earlier). A
+//! is the strict one, an upper bound (interpolation only ever admits earlier);
+//! a newcomer with nobody ahead is held to `max_wait` by its exact wait. A
 //! waiter whose turn comes later than its bound anyway (outside traffic) is
 //! rejected when it reaches the head of its queue.
 //!
@@ -341,6 +342,7 @@ where
             Err(Denied {
                 policy: 0,
                 decision,
+                gave_back: false,
             })
         }
     }

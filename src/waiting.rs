@@ -123,6 +123,7 @@ where
                 denied = Some(Denied {
                     policy: i,
                     decision,
+                    gave_back: false,
                 });
             }
         }
@@ -130,7 +131,10 @@ where
             None => Ok(admitted),
             Some(denied) => {
                 self.give_back(key, &admitted);
-                Err(denied)
+                Err(Denied {
+                    gave_back: admitted.iter().any(Option::is_some),
+                    ..denied
+                })
             }
         }
     }

@@ -374,3 +374,43 @@ async fn renewing_a_stale_reservation_behind_a_waiter_cancels_no_waiter() {
     // No waiter was dropped before its turn: nobody cancelled anything.
     assert_eq!(stats.cancelled, 0, "{stats:?}");
 }
+
+/// An interpolated policy admits earlier than the strict forecast: with nobody
+/// ahead, a request is not turned away for a wait it will not have.
+#[tokio::test(start_paused = true)]
+async fn an_interpolated_policy_is_not_rejected_for_the_strict_forecasts_wait() {
+    let start = Instant::now();
+    // 10 per second in 100 ms buckets, the oldest weighted by its overlap.
+    let policy = Policy::builder()
+        .limit(10)
+        .window(ms(1000))
+        .buckets(10)
+        .precision(tower_sliding_window::Precision::Interpolated)
+        .build()
+        .unwrap();
+    let limiter = Arc::new(Limiter::new(policy).unwrap());
+    let q = Arc::new(WaitQueues::new(
+        limiter.clone(),
+        WaitConfig::bounded(ms(50), 16).unwrap(),
+    ));
+    for _ in 0..10 {
+        assert!(limiter.check(&7).is_allowed());
+    }
+    sleep_until(start + ms(1000)).await;
+    // The full bucket of slot 0 is weighted by the part of it still in the
+    // window: one unit fits 10 ms on (strictly, only at 1.1 s).
+    assert_eq!(limiter.peek(&7, 1).retry_after(), Some(ms(10)));
+    let waiter = q.acquire(7, 1);
+    assert!(waiter.is_waiting(), "{:?}", q.stats());
+    assert!(waiter.await.unwrap().is_allowed());
+    assert_eq!(Instant::now(), start + ms(1010));
+    assert_eq!(q.stats().rejected_wait_too_long, 0);
+
+    // A longer wait is still turned away at once, saying how long: 6 units
+    // fit once 7 of the 10 have left, at 1.07 s.
+    assert_eq!(limiter.peek(&7, 6).retry_after(), Some(ms(60)));
+    let rejected = q.acquire(7, 6).await.unwrap_err();
+    assert_eq!(rejected.reason, WaitRejectReason::WaitTooLong);
+    assert_eq!(rejected.decision.retry_after(), Some(ms(60)));
+    assert_eq!(Instant::now(), start + ms(1010));
+}

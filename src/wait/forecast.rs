@@ -8,6 +8,7 @@
 //! queue as the key's only user, the forecast instant is the admission instant.
 
 use crate::decision::{Decision, Outcome};
+use crate::policy::Precision;
 use crate::ring::Geometry;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -87,6 +88,54 @@ impl Window {
                 }
                 _ => return (slot, at),
             }
+        }
+    }
+
+    /// The earliest clock ns, no earlier than `now` and than the latest
+    /// admission, at which `cost` more units fit by the policy's own rule: the
+    /// strict [`Window::next`], or in interpolated mode possibly inside a slot,
+    /// as the weight of its oldest bucket falls (as the ring's denial computes).
+    fn earliest(&self, cost: u32, now: u64) -> u64 {
+        if self.g.precision() == Precision::Strict {
+            return self.next(cost, now).1;
+        }
+        let (n, limit, w) = (self.g.buckets(), self.g.limit() as u64, self.g.width());
+        let now_slot = self.g.slot(now);
+        let (mut slot, mut at) = if now_slot > self.slot {
+            (now_slot, now)
+        } else {
+            (self.slot, self.at.max(now))
+        };
+        let mut used = self.used;
+        let mut live = self.buckets.iter();
+        let mut oldest = live.next();
+        loop {
+            while let Some(&(x, c)) = oldest {
+                if x + n >= slot {
+                    break;
+                }
+                used -= c;
+                oldest = live.next();
+            }
+            let Some(&(x, c)) = oldest.filter(|_| used + cost as u64 > limit) else {
+                return at;
+            };
+            if x + n > slot {
+                // Counted in full until it becomes the oldest bucket.
+                slot = x + n;
+                at = slot.saturating_mul(w);
+                continue;
+            }
+            // Its weight falls linearly through this slot.
+            let excess = (used + cost as u64 - limit) as u128;
+            if excess <= c as u128 {
+                let fits = slot as u128 * w as u128 + (excess * w as u128).div_ceil(c as u128);
+                if fits < (slot as u128 + 1) * w as u128 {
+                    return (fits as u64).max(at);
+                }
+            }
+            slot += 1;
+            at = slot.saturating_mul(w);
         }
     }
 
@@ -196,6 +245,26 @@ impl Forecast {
             offset: t,
             binding,
             fingerprint,
+        }
+    }
+
+    /// The earliest instant at which every policy admits `cost` more units by its
+    /// own rule (interpolated ones possibly earlier than [`Forecast::next`]), no
+    /// earlier than `now` and than the latest admission. `cost` must fit every
+    /// limit.
+    pub(crate) fn earliest(&self, cost: u32, now: Instant) -> Instant {
+        let mut t = self.offset(now);
+        // Monotone in time as in `next`: an interpolated weight only falls.
+        loop {
+            let latest = self
+                .windows
+                .iter()
+                .map(|w| w.earliest(cost, w.base + t) - w.base)
+                .fold(t, u64::max);
+            if latest == t {
+                return self.base + Duration::from_nanos(t);
+            }
+            t = latest;
         }
     }
 

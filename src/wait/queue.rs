@@ -58,6 +58,9 @@ pub(crate) trait Gate<K>: Send + Sync + 'static {
 pub(crate) struct Denied {
     pub(crate) policy: usize,
     pub(crate) decision: Decision,
+    /// Units were counted under some policies and given back (all-or-nothing):
+    /// a check that ran meanwhile may have been denied for them.
+    pub(crate) gave_back: bool,
 }
 
 /// A request turned away: why, which policy to report, and the decision to report.
@@ -207,7 +210,13 @@ impl<K: Hash + Eq + Clone, A: Copy> Queues<K, A> {
 /// Give back an admission and let the key's waiters use it at once.
 pub(crate) fn release<K: Hash + Eq + Clone, G: Gate<K>>(gate: &G, key: &K, admitted: &G::Admitted) {
     gate.give_back(key, admitted);
-    let wake = gate.queues().map.get_mut(key).and_then(|mut q| {
+    freed(gate.queues(), key);
+}
+
+/// Units of `key` were given back: the head checks again (its last denial may
+/// have counted them) and the forecast is rebuilt.
+fn freed<K: Hash + Eq + Clone, A: Copy>(queues: &Queues<K, A>, key: &K) {
+    let wake = queues.map.get_mut(key).and_then(|mut q| {
         q.forecast = None;
         q.head_waker()
     });
@@ -355,12 +364,25 @@ fn enqueue<K: Hash + Eq + Clone, G: Gate<K>>(
     if !queues.map.contains_key(key) {
         match gate.try_admit(key, cost) {
             Err(d) if d.decision.retry_after().is_some() => denial = Some(d),
-            result => return decided(gate, result),
+            result => {
+                if let Err(Denied {
+                    gave_back: true, ..
+                }) = result
+                {
+                    freed(queues, key);
+                }
+                return decided(gate, result);
+            }
         }
     }
     let mut q = queues.map.entry(key.clone()).or_default();
     let outcome = join(gate, key, cost, &mut q, denial);
     drop(q);
+    // Checked outside the key's lock, this request may have held units that
+    // the head was denied for meanwhile: they are back, so it checks again.
+    if denial.is_some_and(|d| d.gave_back) {
+        freed(queues, key);
+    }
     match outcome {
         Joined::Waiting { id, expected } => WaiterState::Waiting {
             id,
@@ -449,19 +471,19 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
     let counters = &gate.queues().counters;
     let config = gate.queues().config;
     if q.waiting == 0 {
-        // Nobody to queue behind: the fast path's denial stands (if the window
-        // freed up since, the head's first poll admits it at once); without one,
-        // a head has just left, so check again.
-        if denial.is_none() {
-            match gate.try_admit(key, cost) {
-                Err(d) if d.decision.retry_after().is_some() => denial = Some(d),
-                Ok(admitted) => return Joined::Decided(Ok(admitted)),
-                Err(d) => return Joined::Decided(Err(Ok(d))),
-            }
+        // Nobody to queue behind: check again, under the key's lock. The fast
+        // path's check ran outside it, and units given back since (a release,
+        // another request's all-or-nothing check) would wake no head: a head
+        // sleeping on that denial could wait for units that are free.
+        match gate.try_admit(key, cost) {
+            Err(d) if d.decision.retry_after().is_some() => denial = Some(d),
+            Ok(admitted) => return Joined::Decided(Ok(admitted)),
+            Err(d) => return Joined::Decided(Err(Ok(d))),
         }
         q.forecast = None;
     }
     let now = Instant::now();
+    let head = q.waiting == 0;
     let full = q.waiting >= config.max_queue.unwrap_or(usize::MAX);
     let mut expected = None;
     let mut fingerprint = None;
@@ -469,10 +491,19 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
         let forecast = forecast(gate, key, q, now);
         if let Some(policy) = forecast.too_costly(cost) {
             let decision = forecast.denial(policy, cost, now, Duration::ZERO);
-            return Joined::Decided(Err(Ok(Denied { policy, decision })));
+            return Joined::Decided(Err(Ok(Denied {
+                policy,
+                decision,
+                gave_back: false,
+            })));
         }
         let next = forecast.next(cost, now);
-        let wait = forecast.instant(next).saturating_duration_since(now);
+        let mut wait = forecast.instant(next).saturating_duration_since(now);
+        if head {
+            // The strict forecast is an upper bound for an interpolated policy;
+            // with nobody ahead, the wait is known exactly.
+            wait = wait.min(forecast.earliest(cost, now).saturating_duration_since(now));
+        }
         let reason = if full {
             Some(WaitRejectReason::QueueFull)
         } else if wait > max_wait {
@@ -505,6 +536,7 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
         // a bare one.
         let d = denial.unwrap_or(Denied {
             policy: 0,
+            gave_back: false,
             decision: Decision::from_parts(
                 crate::decision::Outcome::Denied,
                 0,
@@ -520,7 +552,6 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
         })));
     }
     let id = q.next_id;
-    let head = q.waiting == 0;
     q.next_id += 1;
     q.waiting += 1;
     q.entries.push_back(Entry {
@@ -690,9 +721,18 @@ fn admit_now<K: Hash + Eq + Clone, G: Gate<K>>(
         Some(_q) => gate.try_admit(key, cost),
         None => gate.try_admit(key, cost),
     };
-    let admitted = result.ok()?;
-    bump(&queues.counters.admitted_at_once);
-    Some(admitted)
+    match result {
+        Ok(admitted) => {
+            bump(&queues.counters.admitted_at_once);
+            Some(admitted)
+        }
+        Err(denied) => {
+            if denied.gave_back {
+                freed(queues, key);
+            }
+            None
+        }
+    }
 }
 
 /// Remove waiter `id` (its future was dropped), giving back admitted units.
