@@ -154,7 +154,8 @@ impl Decision {
 
     /// True when the request was let through without a decision: the store could
     /// not be reached and is configured to fail open. `remaining` and `reset` then
-    /// say nothing about the key (a layer may leave its rate-limit headers out).
+    /// say nothing about the key: the tower layer then reports another policy's
+    /// rate-limit fields, or none.
     pub fn is_unchecked(&self) -> bool {
         self.unchecked
     }

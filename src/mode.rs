@@ -109,7 +109,9 @@ impl<T: sealed::Configure> ModeConfig for T {}
 /// allowed responses carry them only with
 /// [`headers_on_allowed(true)`](crate::SlidingWindowLayerBuilder::headers_on_allowed)
 /// or in a [`dry_run`](crate::SlidingWindowLayerBuilder::dry_run) (never
-/// `Retry-After`).
+/// `Retry-After`), and not when every policy's store failed open
+/// ([`Decision::is_unchecked`](crate::Decision::is_unchecked)): such a store
+/// knows nothing of the key, so a checked policy is reported or none.
 ///
 /// | header | value |
 /// |---|---|
@@ -213,7 +215,10 @@ where
 
     fn allowed_headers(&self, report: &Report<'_>) -> Option<RateLimitHeaders> {
         let o = &self.options;
-        (o.on_allowed && (o.ietf || o.legacy)).then(|| RateLimitHeaders::new(o, report, false))
+        // A decision a store made without asking (failing open) says nothing
+        // about the key: no fields rather than a full quota that is not known.
+        (o.on_allowed && (o.ietf || o.legacy) && !report.decision.is_unchecked())
+            .then(|| RateLimitHeaders::new(o, report, false))
     }
 
     fn reject(

@@ -369,9 +369,17 @@ pub(crate) fn decide<K, X, St: Store<K>, M, Co, Ex>(
             }
             Some(Ok(d)) if d.is_allowed() => {
                 let closer = allowed.map_or(true, |(_, best)| {
-                    // remaining / limit < best.remaining / best.limit, without division
-                    u64::from(d.remaining()) * u64::from(best.limit())
-                        < u64::from(best.remaining()) * u64::from(d.limit())
+                    match (d.is_unchecked(), best.is_unchecked()) {
+                        // A store that failed open knows nothing of the key:
+                        // report a checked policy whenever there is one.
+                        (false, true) => true,
+                        (true, false) => false,
+                        // remaining / limit < best.remaining / best.limit, without division
+                        _ => {
+                            u64::from(d.remaining()) * u64::from(best.limit())
+                                < u64::from(best.remaining()) * u64::from(d.limit())
+                        }
+                    }
                 });
                 if closer {
                     allowed = Some((i, *d));

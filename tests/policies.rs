@@ -261,6 +261,8 @@ struct SlowStore {
     asked: Arc<AtomicUsize>,
     down: bool,
     hang: bool,
+    /// Down, but failing open: every check is allowed unchecked.
+    fails_open: bool,
 }
 
 impl SlowStore {
@@ -270,6 +272,7 @@ impl SlowStore {
             asked: Arc::default(),
             down,
             hang: false,
+            fails_open: false,
         }
     }
 }
@@ -280,12 +283,17 @@ impl Store<String> for SlowStore {
     fn check_n(&self, key: &String, cost: u32) -> Self::Future {
         self.asked.fetch_add(1, Ordering::Relaxed);
         let (limiter, key, down, hang) = (self.limiter.clone(), key.clone(), self.down, self.hang);
+        let open = self
+            .fails_open
+            .then(|| Decision::allow_unchecked(limiter.policy().limit()));
         Box::pin(async move {
             tokio::task::yield_now().await;
             if hang {
                 std::future::pending::<()>().await;
             }
-            if down {
+            if let Some(unchecked) = open {
+                Ok(unchecked)
+            } else if down {
                 Err(StoreError::new(
                     "connection refused",
                     Duration::from_millis(1500),
@@ -323,6 +331,52 @@ async fn remote_stores_are_awaited_and_combined() {
     // b admitted the third request, then gave it back.
     assert_eq!(b.limiter.usage(&"u".to_owned()).used, 2);
     assert_eq!(a.asked.load(Ordering::Relaxed), 3);
+}
+
+/// A store that failed open knows nothing about the key: its `r=L;t=0` would
+/// tell the client it has its whole quota. Headers report a policy that was
+/// checked, or none.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_fails_open_puts_no_rate_limit_fields_on_the_response() {
+    let down = || {
+        let mut store = SlowStore::new(policy("down", 5, Duration::from_secs(60)), true);
+        store.fails_open = true;
+        store
+    };
+    let alone = SlidingWindowLayer::builder(user)
+        .store(down())
+        .headers_on_allowed(true)
+        .build()
+        .unwrap();
+    let mut svc = alone.layer(ok_service());
+    let response = svc.ready().await.unwrap().call(request("u")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    for name in ["ratelimit", "ratelimit-policy"] {
+        assert!(
+            !response.headers().contains_key(name),
+            "{name}: {response:?}"
+        );
+    }
+
+    // Beside a checked policy, the checked one is reported, even when both
+    // have their whole quota left (a tie in share: a request of cost 0).
+    let up = SlowStore::new(policy("up", 3, Duration::from_secs(60)), false);
+    let both = SlidingWindowLayer::builder(user)
+        .store(down())
+        .store(up)
+        .cost(|req: &Request<Body>| u32::from(req.headers().contains_key("x-costs")))
+        .headers_on_allowed(true)
+        .build()
+        .unwrap();
+    let mut svc = both.layer(ok_service());
+    let free = status(&mut svc, request("u")).await;
+    assert_eq!(free, (StatusCode::OK, Some("\"up\";r=3;t=0".to_owned())));
+    let mut costly = request("u");
+    costly
+        .headers_mut()
+        .insert("x-costs", http::HeaderValue::from_static("1"));
+    let costly = status(&mut svc, costly).await;
+    assert_eq!(costly, (StatusCode::OK, Some("\"up\";r=2;t=64".to_owned())));
 }
 
 #[tokio::test(start_paused = true)]
