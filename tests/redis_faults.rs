@@ -400,3 +400,144 @@ async fn a_connection_gone_silent_is_replaced_after_timeouts_in_a_row() {
     assert!(failures >= 3, "{failures}");
     assert!(store.stats().timeouts >= 3);
 }
+
+/// The configured timeout is the longest wait per decision: a Redis slower than
+/// the `redis` crate's own 500 ms response timeout, but well within the store's
+/// timeout, still decides (no failure, nothing unchecked).
+#[tokio::test]
+async fn a_redis_slower_than_half_a_second_but_within_the_timeout_still_decides() {
+    let test = "a_redis_slower_than_half_a_second_but_within_the_timeout_still_decides";
+    let Some(server) = RedisServer::start(test).await else {
+        return;
+    };
+    let s = RedisStore::builder(
+        Policy::per(3, Duration::from_secs(10)).unwrap(),
+        FailurePolicy::Closed,
+    )
+    .url(&server.url())
+    .timeout(Duration::from_secs(5))
+    .prefix(unique_prefix(test))
+    .build()
+    .unwrap();
+    let s = warmed(s).await;
+    assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
+
+    // Redis holds every command for 1.5 s: slow, but within the 5 s timeout.
+    let mut admin = server.conn().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let d = s.check_n(&"k", 1).await;
+    let elapsed = start.elapsed();
+    assert!(
+        matches!(&d, Ok(d) if d.is_allowed() && !d.is_unchecked() && d.remaining() == 1),
+        "answered {d:?} after {elapsed:?}, with a timeout of 5 s"
+    );
+    assert_eq!(s.stats().failures, 0);
+}
+
+/// As `a_connection_gone_silent_is_replaced_after_timeouts_in_a_row`, with a
+/// timeout above the `redis` crate's own 500 ms response timeout: the silent
+/// connection must still be replaced.
+#[tokio::test]
+async fn a_connection_gone_silent_is_replaced_with_a_timeout_above_half_a_second() {
+    let test = "a_connection_gone_silent_is_replaced_with_a_timeout_above_half_a_second";
+    let Some(server) = RedisServer::start(test).await else {
+        return;
+    };
+    let proxy = Proxy::start(server.port).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let store = RedisStore::builder(
+        Policy::per(3, Duration::from_secs(10)).unwrap(),
+        FailurePolicy::Closed,
+    )
+    .url(&url)
+    .timeout(Duration::from_millis(800))
+    .prefix(unique_prefix(test))
+    .build()
+    .unwrap();
+    assert!(store.check_n(&"k", 1).await.unwrap().is_allowed());
+    // The connection goes dark; Redis is up and reachable on a new one.
+    proxy.cut();
+    let started = Instant::now();
+    let mut failures = 0;
+    loop {
+        match store.check_n(&"k", 1).await {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                break;
+            }
+            Err(_) => failures += 1,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "still failing after {failures} failures: the silent connection was kept"
+        );
+    }
+    assert!(failures >= 3, "{failures}");
+    assert!(store.stats().timeouts >= 3);
+}
+
+/// `reconnect_max_delay` "bounds how soon decisions resume once [Redis] is
+/// back": Redis down when the store is built, up 1.5 s later; a check 1 s
+/// after it answers (the 100 ms default delay, doubled by jitter, with room for
+/// a loaded machine) is decided by Redis.
+#[tokio::test]
+async fn decisions_resume_once_a_redis_down_at_start_is_back() {
+    let test = "decisions_resume_once_a_redis_down_at_start_is_back";
+    let port = free_port();
+    let s = RedisStore::builder(
+        Policy::per(3, Duration::from_secs(10)).unwrap(),
+        FailurePolicy::Closed,
+    )
+    .url(&format!("redis://127.0.0.1:{port}"))
+    .timeout(TIMEOUT)
+    .prefix(unique_prefix(test))
+    .build()
+    .unwrap();
+    assert!(s.check_n(&"k", 1).await.is_err(), "nothing listens yet");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let Some(_server) = RedisServer::start_with(test, port, Vec::new()).await else {
+        return;
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let d = s.check_n(&"k", 1).await;
+    assert!(
+        matches!(&d, Ok(d) if d.is_allowed()),
+        "Redis back for 1 s, answered {d:?}"
+    );
+}
+
+/// The same when Redis goes away mid-run and returns 1.5 s later.
+#[tokio::test]
+async fn decisions_resume_once_a_killed_redis_is_back() {
+    let test = "decisions_resume_once_a_killed_redis_is_back";
+    let Some(mut server) = RedisServer::start(test).await else {
+        return;
+    };
+    let s = RedisStore::builder(
+        Policy::per(3, Duration::from_secs(10)).unwrap(),
+        FailurePolicy::Closed,
+    )
+    .url(&server.url())
+    .timeout(TIMEOUT)
+    .prefix(unique_prefix(test))
+    .build()
+    .unwrap();
+    let s = warmed(s).await;
+    assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
+    server.kill();
+    assert!(s.check_n(&"k", 1).await.is_err(), "Redis is gone");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.restart().await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let d = s.check_n(&"k", 1).await;
+    assert!(
+        matches!(&d, Ok(d) if d.is_allowed()),
+        "Redis back for 1 s, answered {d:?}"
+    );
+}

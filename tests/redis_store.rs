@@ -741,3 +741,57 @@ async fn interpolated_script_stays_exact_for_every_policy_the_builder_accepts() 
     }
     let _: () = conn.del(redis.redis_key(&0u64)).await.unwrap();
 }
+
+/// The default prefix keeps policies of other geometries apart, also when their
+/// windows differ by less than a microsecond but their buckets (rounded up to
+/// whole µs) do not: 1 s buckets and 1.000001 s buckets under one key would
+/// each find the other's slots "more than a window ahead" and wipe them.
+#[tokio::test]
+async fn default_prefixes_of_other_bucket_widths_never_share_a_key() {
+    let test = "default_prefixes_of_other_bucket_widths_never_share_a_key";
+    let Some(_) = shared_redis(test).await else {
+        return;
+    };
+    let build = |window: Duration| {
+        RedisStore::builder(policy(2, window, 15), FailurePolicy::Closed)
+            .url(&redis_url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    // 15 buckets of 1 000 000 µs, and of 1 000 001 µs (1 000 000 067 ns rounded up).
+    let a = build(Duration::from_secs(15));
+    let b = build(Duration::from_nanos(15_000_000_999));
+    // A key no other test uses (the default prefix is shared by every run).
+    let key = unique_prefix(test);
+    assert!(a.check_n(&key, 2).await.unwrap().is_allowed());
+    assert!(b.check_n(&key, 1).await.unwrap().is_allowed());
+    let d = a.check_n(&key, 1).await.unwrap();
+    assert!(
+        !d.is_allowed(),
+        "a third unit within a's 15 s window of limit 2 ({:?} and {:?}): {d:?}",
+        String::from_utf8_lossy(&a.redis_key(&key)),
+        String::from_utf8_lossy(&b.redis_key(&key)),
+    );
+}
+
+/// Distinct keys of one type write distinct bytes (`RedisKey`'s contract):
+/// `SocketAddr`s that differ only in their IPv6 flow label are distinct keys
+/// in memory, so they must not share one count in Redis.
+#[test]
+fn socket_addresses_that_differ_in_flow_info_write_distinct_keys() {
+    use std::net::{SocketAddr, SocketAddrV6};
+    use tower_sliding_window::RedisKey;
+    let bytes = |k: &SocketAddr| {
+        let mut out = Vec::new();
+        k.write_redis_key(&mut out);
+        out
+    };
+    let ip = "2001:db8::1".parse().unwrap();
+    let plain = SocketAddr::V6(SocketAddrV6::new(ip, 443, 0, 0));
+    let labelled = SocketAddr::V6(SocketAddrV6::new(ip, 443, 7, 0));
+    assert_ne!(plain, labelled);
+    assert_ne!(bytes(&plain), bytes(&labelled));
+    // The common case keeps its Display form.
+    assert_eq!(bytes(&plain), b"[2001:db8::1]:443");
+}

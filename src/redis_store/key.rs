@@ -13,7 +13,8 @@ use std::sync::Arc;
 /// so give each policy that uses another key type its own prefix.
 ///
 /// Implemented for strings and byte strings (as they are), integers and IP / socket
-/// addresses (their `Display` form; IPv6 in its canonical compressed form), `()`
+/// addresses (their `Display` form; IPv6 in its canonical compressed form, a
+/// socket address's nonzero flow label appended as `/label`), `()`
 /// (the global key, empty), and references, `Box`es and `Arc`s of those.
 ///
 /// ```
@@ -94,8 +95,22 @@ macro_rules! display_keys {
 
 display_keys!(
     u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, char, IpAddr, Ipv4Addr,
-    Ipv6Addr, SocketAddr
+    Ipv6Addr
 );
+
+/// The `Display` form, which leaves out an IPv6 flow label: `/label` follows
+/// when there is one (no address form contains a `/`), so addresses that differ
+/// only there stay distinct keys, as they are in memory.
+impl RedisKey for SocketAddr {
+    fn write_redis_key(&self, out: &mut Vec<u8>) {
+        let _ = write!(out, "{self}");
+        if let SocketAddr::V6(v6) = self {
+            if v6.flowinfo() != 0 {
+                let _ = write!(out, "/{}", v6.flowinfo());
+            }
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

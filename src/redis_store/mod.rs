@@ -150,15 +150,16 @@ struct Counters {
 /// Redis when it gets to it (the safe side).
 ///
 /// **Local deny cache:** when Redis denies `cost` units of a key with
-/// `retry_after` R, this instance denies that key (for `cost` units or more)
+/// `retry_after` R, this instance denies that key (for the same `cost`)
 /// locally until R has passed, measured from when the request was sent, so an
-/// abusive client costs Redis nothing while it stays blocked. It only ever
-/// denies what Redis would deny: a key's count can only drop as its buckets
-/// expire, and R is exactly when enough of them have for `cost` to fit (counts
-/// added by other instances meanwhile only make the denial longer). The one
-/// exception is an undo: this instance's own undos drop the key from its cache;
-/// an undo on another instance can end a denial early, which this cache then
-/// outlasts by at most R (the safe side). Memory is bounded by
+/// abusive client costs Redis nothing while it stays blocked. It only denies
+/// what Redis would deny: a key's count can only drop as its buckets expire,
+/// and R is exactly when enough of them have for `cost` to fit (counts added
+/// by other instances meanwhile only make the denial longer). The exceptions,
+/// each outlasted by at most R (the safe side): an undo on another instance
+/// (this instance's own undos drop the key from its cache), and Redis losing
+/// the key's count (a restart without persistence, a key reset because its
+/// newest slot was more than a window ahead). Memory is bounded by
 /// [`deny_cache`](RedisStoreBuilder::deny_cache) entries; expired ones are swept
 /// when it is full.
 ///
@@ -341,10 +342,11 @@ impl RedisStoreBuilder {
     }
 
     /// Prefix of every Redis key (default
-    /// `tsw:<policy name>:<limit>:<window µs>:<buckets>:`, so policies of other
+    /// `tsw:<policy name>:<limit>:<window µs>:<buckets>:`, the window with three
+    /// decimals when it is not a whole number of µs, so policies of other
     /// limits or geometries never share a key; two layers whose policies differ
-    /// in none of these, say two routes on the default name, do share one: name
-    /// them). It must not contain `{` or `}`: the key's hash tag follows it. A
+    /// in none of these, say two routes on the default name, or a strict and an
+    /// interpolated policy, do share one: name them). It must not contain `{` or `}`: the key's hash tag follows it. A
     /// custom prefix kept across a change of bucket width meets the old slots:
     /// a key whose newest slot is more than a window ahead starts afresh.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -439,13 +441,25 @@ impl RedisStoreBuilder {
         }
         let prefix = match self.prefix {
             Some(prefix) => prefix,
-            None => format!(
-                "tsw:{}:{}:{}:{}:",
-                policy.name(),
-                policy.limit(),
-                policy.window().as_micros(),
-                buckets
-            ),
+            None => {
+                // The window in µs, with its nanoseconds when it has any: windows
+                // a fraction of a µs apart can round to other bucket widths.
+                let window = policy.window();
+                let sub_us = window.subsec_nanos() % 1000;
+                let fraction = if sub_us == 0 {
+                    String::new()
+                } else {
+                    format!(".{sub_us:03}")
+                };
+                format!(
+                    "tsw:{}:{}:{}{}:{}:",
+                    policy.name(),
+                    policy.limit(),
+                    window.as_micros(),
+                    fraction,
+                    buckets
+                )
+            }
         };
         if prefix.contains(['{', '}']) {
             return Err(ConfigError::Invalid(
@@ -456,8 +470,17 @@ impl RedisStoreBuilder {
             (Some(client), _) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
+                    // The store's own timeout bounds every call. The crate's
+                    // default (500 ms) would cut a longer timeout short, and as
+                    // an error reply it would not count toward replacing a
+                    // connection gone silent.
+                    .set_response_timeout(None)
                     .set_min_delay(Duration::from_millis(10).min(self.reconnect_max_delay))
                     .set_max_delay(self.reconnect_max_delay)
+                    // Keep trying while Redis is away (the default gives up after
+                    // 6 attempts, and then only a failing request starts another
+                    // round, so the first decision after Redis returns failed).
+                    .set_number_of_retries(usize::MAX)
                     // Pipelined decisions from many concurrent requests queue here.
                     .set_pipeline_buffer_size(1024);
                 let current =
