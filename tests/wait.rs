@@ -3,7 +3,8 @@
 //! Policies use 100 ms buckets (1.5 s / 15 or 300 ms / 3) so that every bucket
 //! boundary falls on a whole millisecond, where tokio's timers fire exactly.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::{advance, sleep_until, Instant};
@@ -413,4 +414,47 @@ async fn an_interpolated_policy_is_not_rejected_for_the_strict_forecasts_wait() 
     assert_eq!(rejected.reason, WaitRejectReason::WaitTooLong);
     assert_eq!(rejected.decision.retry_after(), Some(ms(60)));
     assert_eq!(Instant::now(), start + ms(1010));
+}
+
+/// Two waiters admitted in batches but polled only later, when the first one's
+/// units have left the window and the second one's have not. The first, polled
+/// first, waits again and becomes the head: denied (the window holds the second
+/// one's unit), it sleeps until that unit leaves (4.8 s). The second, polled
+/// next, gives that unit back: the head must be woken for it and admitted now,
+/// not when its denial said.
+#[tokio::test(start_paused = true)]
+async fn a_head_is_woken_for_the_units_a_later_waiter_polled_late_gives_back() {
+    let start = Instant::now();
+    let q = queues::<u32>(2, Duration::from_secs(60), 100);
+    let at = |t: u64| start + ms(t);
+    q.acquire(1, 2).await.unwrap();
+    // h1 admits itself and e1 at 1.6 s; h2 admits itself and e2 at 3.2 s.
+    let h1 = tokio::spawn(q.acquire(1, 1));
+    let e1 = q.acquire(1, 1);
+    let h2 = tokio::spawn(q.acquire(1, 1));
+    let mut e2 = q.acquire(1, 1);
+    assert_eq!(e1.expected_admission(), Some(at(1600)));
+    assert_eq!(e2.expected_admission(), Some(at(3200)));
+    assert!(h1.await.unwrap().unwrap().is_allowed());
+    assert!(h2.await.unwrap().unwrap().is_allowed());
+    assert_eq!(Instant::now(), at(3200));
+
+    // e1's unit (1.6 s) has left the window; e2's (3.2 s) is in it, with h2's.
+    sleep_until(at(3300)).await;
+    let e1 = tokio::spawn(async move {
+        e1.await.unwrap();
+        Instant::now()
+    });
+    tokio::task::yield_now().await; // e1 waits again, at the head, denied
+    let polled = poll_fn(|cx| std::task::Poll::Ready(Pin::new(&mut e2).poll(cx))).await;
+    assert!(polled.is_pending(), "e2 waits again behind e1");
+    assert_eq!(q.limiter().usage(&1).used, 1, "e2's unit is back");
+    let e2 = tokio::spawn(async move {
+        e2.await.unwrap();
+        Instant::now()
+    });
+    // e1 takes e2's unit now; e2 waits for h2's to leave (4.8 s).
+    assert_eq!(e1.await.unwrap() - start, ms(3300), "e1 takes e2's unit");
+    assert_eq!(e2.await.unwrap() - start, ms(4800));
+    assert_eq!(q.stats().undone, 2);
 }

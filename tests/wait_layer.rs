@@ -1149,3 +1149,87 @@ async fn an_interpolated_policy_waits_with_a_strict_one_for_the_instant_both_adm
     assert_eq!(served.lock().unwrap()[0].1, start + ms(1040));
     assert_eq!(layer.wait_stats().rejected_wait_too_long, 0);
 }
+
+/// A renewed request waits at the front of its key's queue, denied for the
+/// units of a request admitted in a batch behind it but not yet polled. When
+/// that request is polled after its bucket, it gives its unit back and waits
+/// again: the renewed request ahead of it must be woken for the unit now, not
+/// sleep until its denial said.
+#[tokio::test(start_paused = true)]
+async fn a_renewed_request_is_woken_for_the_unit_a_request_polled_late_gives_back() {
+    // 3 per 150 ms in 10 ms buckets (units leave 160 ms after they were
+    // counted); every clone of the inner service is ready 300 ms after its
+    // first poll_ready. The cost is in `x-cost` (1 without it).
+    let start = Instant::now();
+    let served = Served::default();
+    let layer = SlidingWindowLayer::builder(by_key as ByKey)
+        .policy(per(3, 150))
+        .cost(|req: &Request<()>| {
+            req.headers()
+                .get("x-cost")
+                .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+        })
+        .on_limit(OnLimit::Wait {
+            max_wait: ms(10_000),
+            max_queue: 16,
+        })
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(connecting(&served));
+    let req = |id: &str, cost: u32| {
+        Request::builder()
+            .header("x-key", "a")
+            .header("x-id", id)
+            .header("x-cost", cost.to_string())
+            .body(())
+            .unwrap()
+    };
+    let at = |t: u64| start + ms(t);
+    let limiter = layer.stores().next().unwrap();
+    let key = "a".to_owned();
+
+    // `b`'s service is readied first (0.3 s); `b` is sent later.
+    let mut svc_b = svc.clone();
+    svc_b.ready().await.unwrap();
+    // `r` (cost 1) and `h` (cost 2), sent now, join the queue once their
+    // services are ready, at 0.6 s; `b` (cost 1) joins behind them at 0.605 s.
+    let r = tokio::spawn(svc.clone().oneshot(req("r", 1)));
+    let h = tokio::spawn(svc.clone().oneshot(req("h", 2)));
+    // Outside traffic: 2 units at 0.5 s (they leave at 0.66 s), 1 at 0.55 s
+    // (it leaves at 0.71 s).
+    tokio::time::sleep_until(at(500)).await;
+    assert!(limiter.check_n(&key, 2).is_allowed());
+    tokio::time::sleep_until(at(550)).await;
+    assert!(limiter.check_n(&key, 1).is_allowed());
+    tokio::time::sleep_until(at(605)).await;
+    let mut b = svc_b.call(req("b", 1));
+    // `r` is admitted at 0.66 s; 1 unit more at 0.665 s (it leaves with r's, at
+    // 0.82 s) keeps `h` waiting until then: `h` admits itself and `b` at 0.82 s,
+    // but `b` is not polled.
+    tokio::time::sleep_until(at(665)).await;
+    assert!(limiter.check_n(&key, 1).is_allowed());
+    // `r` is ready only after its bucket, at 0.96 s: its unit has left the
+    // window, which h's and b's units fill until 0.98 s. Renewed, it waits at
+    // the front of the queue, ahead of `b`.
+    tokio::time::sleep_until(at(965)).await;
+    assert!(served_at(&served, start).is_empty());
+    // Polled at last, `b` gives back its unit and waits again, behind `r`.
+    let polled =
+        poll_fn(|cx| Poll::Ready(std::future::Future::poll(std::pin::Pin::new(&mut b), cx))).await;
+    assert!(polled.is_pending(), "b waits again");
+    let b = tokio::spawn(b);
+    for call in [r, h, b] {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    // `r` takes b's unit at once (0.965 s); `h`, ready at 1.12 s, renews when
+    // r's unit has left; `b`, admitted at 0.98 s (h's units gone) and ready at
+    // 1.28 s, renews when h's renewed units have left.
+    assert_eq!(
+        served_at(&served, start),
+        expected_at(&[("r", 965), ("h", 1120), ("b", 1280)]),
+        "{:?}",
+        layer.wait_stats()
+    );
+}

@@ -615,6 +615,11 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
         e.fits_at = None;
         q.waiting += 1;
         q.forecast = None;
+        // A head ahead of it (a renewed request, an earlier waiter) sleeps on a
+        // denial that counted these units: it checks again, as after `freed`.
+        if q.head() != Some(i) {
+            wake.extend(q.head_waker());
+        }
     }
     if q.head() != Some(i) {
         set_waker(&mut q.entries[i].waker, cx);
