@@ -288,7 +288,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             None => self.peek_untracked(key, now, fits),
         };
         if cost > g.limit() {
-            Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset())
+            let mut exceeds =
+                Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset());
+            exceeds.overflow = decision.overflow;
+            exceeds
         } else {
             decision
         }
@@ -1082,5 +1085,9 @@ mod tests {
         let wait = crate::clock::saturating_nanos(denied.retry_after().unwrap());
         clock.set(600_000_000 + wait);
         assert!(l.check(&3).is_allowed());
+        // A cost that can never pass reports the overflow ring's window too.
+        let never = l.check_n(&4, 2);
+        assert_eq!(never.outcome(), Outcome::CostExceedsLimit);
+        assert!(never.is_overflow(), "{never:?}");
     }
 }
