@@ -60,9 +60,9 @@ impl Default for TokioClock {
 impl Clock for TokioClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        tokio::time::Instant::now()
-            .saturating_duration_since(self.origin)
-            .as_nanos() as u64
+        // Saturating: a paused clock can be advanced past the 584 years a u64
+        // of nanoseconds spans, and a wrapped reading would step back by all of them.
+        saturating_nanos(tokio::time::Instant::now().saturating_duration_since(self.origin))
     }
 }
 
@@ -70,7 +70,9 @@ impl Clock for TokioClock {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeSource {
     /// tokio's clock ([`TokioClock`]): the clock was built inside a tokio runtime
-    /// whose time is paused, so tests drive it with `tokio::time::advance`.
+    /// whose time is paused, so tests drive it with `tokio::time::advance`; or
+    /// it belongs to a waiting tower layer's limiter (`OnLimit::Wait`,
+    /// `OnLimit::Backpressure`), whose waits are tokio timers.
     Tokio,
     /// `CLOCK_MONOTONIC_COARSE` ([`CoarseClock`]): a few nanoseconds a read.
     Coarse,
@@ -180,7 +182,7 @@ impl AutoClock {
         match &self.inner {
             #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
             AutoInner::Coarse(c) => c.now_nanos(),
-            AutoInner::Precise(origin) => origin.elapsed().as_nanos() as u64,
+            AutoInner::Precise(origin) => saturating_nanos(origin.elapsed()),
             AutoInner::Tokio(c) => c.now_nanos(),
         }
     }
@@ -354,6 +356,45 @@ impl<C: Clock> Clock for Arc<C> {
 ))]
 mod tests {
     use super::*;
+
+    const YEAR: Duration = Duration::from_secs(365 * 86_400);
+
+    /// A paused tokio clock can be advanced past the 584 years a u64 of nanoseconds
+    /// spans. The reading must then saturate, as `ManualClock` does and as the
+    /// limiter's docs promise ("the limiter then sees time stand still instead of
+    /// wrapping"), not wrap round to a few days and step back by 584 years.
+    #[tokio::test(start_paused = true)]
+    async fn a_tokio_clock_past_the_u64_range_stands_still_instead_of_wrapping() {
+        let tokio_clock = TokioClock::new();
+        let auto = AutoClock::for_bucket(Duration::from_secs(1));
+        assert_eq!(auto.source(), TimeSource::Tokio);
+        let limiter =
+            crate::Limiter::builder(crate::Policy::per(1, Duration::from_secs(1)).unwrap())
+                .clock(tokio_clock)
+                .build::<u8>()
+                .unwrap();
+
+        tokio::time::advance(YEAR * 584).await;
+        let (tokio_before, auto_before) = (tokio_clock.now_nanos(), auto.now_nanos());
+        assert!(limiter.check(&1).is_allowed());
+        assert!(!limiter.check(&1).is_allowed());
+
+        tokio::time::advance(YEAR).await;
+        assert!(
+            tokio_clock.now_nanos() >= tokio_before,
+            "TokioClock went back from {tokio_before} to {}",
+            tokio_clock.now_nanos()
+        );
+        assert!(
+            auto.now_nanos() >= auto_before,
+            "AutoClock went back from {auto_before} to {}",
+            auto.now_nanos()
+        );
+        // A year after the key's only unit its 1 s window has long passed: the
+        // limiter, holding time at the end of its range, lets it through again.
+        let d = limiter.check(&1);
+        assert!(d.is_allowed(), "{d:?}");
+    }
 
     #[test]
     fn coarse_clock_never_goes_back_and_reports_its_tick() {

@@ -12,7 +12,7 @@ use http::header::{HeaderMap, HeaderName, FORWARDED};
 /// `X-Forwarded-For` (not a registered header, so `http` has no constant for it).
 pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// The longest node a proxy can write: `"[ffff:…:255.255.255.255]:65535"` is 55
+/// The longest node a proxy can write: `"[ffff:…:255.255.255.255]:65535"` is 53
 /// bytes; anything much longer is garbage and is not parsed at all.
 const MAX_NODE_LEN: usize = 64;
 
