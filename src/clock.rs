@@ -6,7 +6,10 @@ use std::time::Duration;
 
 /// A monotonic time source in nanoseconds since the clock's own origin.
 ///
-/// The limiter only needs differences, so the origin is arbitrary. A clock that
+/// The limiter only needs differences, so the origin is arbitrary, within one
+/// bound: readings past 2^60 bucket widths are held there (see
+/// [`Limiter`](crate::Limiter)), so an origin as distant as the Unix epoch
+/// needs buckets of some nanoseconds at least. A clock that
 /// steps backwards (a [`ManualClock`] set back, say) is tolerated: each key's
 /// time is held at the newest slot it has seen until the clock passes it again
 /// (a key evicted while idle restarts no earlier than the sweep that evicted it),

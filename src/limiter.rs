@@ -111,8 +111,11 @@ const OVERFLOW_MARKS: usize = 1024;
 /// [`LimiterBuilder::clock`] picks another ([`TokioClock`](crate::TokioClock),
 /// [`ManualClock`](crate::ManualClock), or any [`Clock`]). A reading later than
 /// 2^60 bucket widths after the clock's origin (or within a few windows of the
-/// end of the u64 nanosecond range) is held there: only a hand-set clock gets
-/// that far, and the limiter then sees time stand still instead of wrapping.
+/// end of the u64 nanosecond range) is held there, and the limiter then sees
+/// time stand still instead of wrapping. The crate's clocks start near zero,
+/// so only a hand-set clock gets that far; a custom clock counting from a
+/// distant origin (the Unix epoch: 2^60 widths of 1 ns are already behind it)
+/// needs buckets wide enough, or an origin of its own.
 ///
 /// ```
 /// use std::time::Duration;
