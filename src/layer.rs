@@ -87,6 +87,10 @@ pub enum OnLimit {
     /// `Pending` while the window is full and reserves a unit when ready, which
     /// the next `call` spends (a clone, or a service dropped without calling,
     /// gives it back). Every clone waiting on the limit is served in turn. A
+    /// unit reserved while the inner service was not ready yet, and whose
+    /// bucket passed before it was (a saturated `ConcurrencyLimit` below), is
+    /// renewed before `poll_ready` returns `Ready`: at once, or by waiting at
+    /// the front of the queue, ahead of the clones that asked after it. A
     /// `call` without a reservation (no `poll_ready`, or a request costing more
     /// than one unit) waits for its turn in its response future instead.
     /// `poll_ready` cannot see the request, so an [exempt](SlidingWindowLayerBuilder::exempt)

@@ -145,6 +145,42 @@ pub(crate) enum Action<T, E> {
     Reject(Result<T, E>),
 }
 
+impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
+    /// `OnLimit::Backpressure`, a unit reserved: the inner service's readiness.
+    /// A unit reserved in a bucket that passed before the inner service was
+    /// ready is renewed first, ahead of the waiters behind it (it was reserved
+    /// before them), so that `call` spends a current one; the renewal may wait,
+    /// keeping the inner service's readiness (a `ConcurrencyLimit` permit, say).
+    #[cold]
+    #[inline(never)]
+    fn poll_inner_ready_reserved<Req>(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), <Self as Service<Req>>::Error>>
+    where
+        Self: Service<Req>,
+        S: Service<Req>,
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+        X: Send + Sync + 'static,
+        St: Store<K>,
+        M: RejectionMode<Req, S, Error = <Self as Service<Req>>::Error>,
+        Co: Send + Sync + 'static,
+        Ex: Send + Sync + 'static,
+    {
+        loop {
+            if let Err(error) = std::task::ready!(self.inner.poll_ready(cx)) {
+                return Poll::Ready(Err(M::map_error(error)));
+            }
+            if !crate::waiting::renew_stale(self) {
+                return Poll::Ready(Ok(()));
+            }
+            if crate::waiting::poll_reserve(self, cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
 impl<S, Req, K, X, St, M, Co, Ex> Service<Req> for SlidingWindow<S, K, X, St, M, Co, Ex>
 where
     S: Service<Req> + Clone + Send + 'static,
@@ -167,6 +203,9 @@ where
         // modes never hold a request back here.
         if crate::waiting::poll_reserve(self, cx).is_pending() {
             return Poll::Pending;
+        }
+        if self.ready.is_some() {
+            return self.poll_inner_ready_reserved(cx);
         }
         self.inner.poll_ready(cx).map_err(M::map_error)
     }

@@ -205,6 +205,30 @@ where
     ready.poll_reserve(cx).map(|_| ())
 }
 
+/// `OnLimit::Backpressure`, once the inner service is ready: a reserved unit
+/// whose bucket has passed meanwhile (the inner service took that long to be
+/// ready) cannot be spent; it is renewed, at once or by waiting at the front of
+/// the queue (it was reserved before every waiter there). True when it was
+/// stale, so `poll_ready` polls the reservation again. False at once in every
+/// other mode (no reservation).
+#[inline]
+pub(crate) fn renew_stale<S, K, X, St, M, Co, Ex>(
+    svc: &mut SlidingWindow<S, K, X, St, M, Co, Ex>,
+) -> bool
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    X: Send + Sync + 'static,
+    St: Store<K>,
+    M: Send + Sync + 'static,
+    Co: Send + Sync + 'static,
+    Ex: Send + Sync + 'static,
+{
+    match svc.ready.as_mut() {
+        Some(ready) => ready.renew_if_stale(),
+        None => false,
+    }
+}
+
 /// `call` in a waiting mode: spend the reserved unit (backpressure), or join the
 /// key's queue: forward now, reject now, or wait in the response future and then
 /// ready and call a clone of the inner service.

@@ -1233,3 +1233,55 @@ async fn a_renewed_request_is_woken_for_the_unit_a_request_polled_late_gives_bac
         layer.wait_stats()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn backpressure_ready_after_the_reserved_units_bucket_still_serves_the_next_call_in_turn() {
+    // A global 2 per 1.5 s; the inner service takes one request at a time.
+    let start = Instant::now();
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(2, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .build()
+        .unwrap();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .concurrency_limit(1)
+        .service(holding_inner(&served, start));
+    // `a` takes the first unit and holds the inner service until 250 ms.
+    let a = tokio::spawn(svc.clone().oneshot(holding("a", 250)));
+    tokio::task::yield_now().await;
+    // `b`'s poll_ready reserves the second unit at once, then waits for the
+    // inner service: Ready at 250 ms, after the unit's bucket (100 ms).
+    let mut b = svc.clone();
+    let b_ready = tokio::spawn(async move {
+        b.ready().await.unwrap();
+        (b, Instant::now())
+    });
+    tokio::task::yield_now().await;
+    // `c` asks after `b` reserved its unit: the window is full, it waits.
+    let c = tokio::spawn(svc.clone().oneshot(request("c")));
+    tokio::task::yield_now().await;
+    let (mut b, ready_at) = b_ready.await.unwrap();
+    assert_eq!(ready_at - start, ms(250));
+    // Ready means a unit is reserved for the next call: `b` goes through now
+    // (a's unit and b's fit the window), in its turn, ahead of `c`.
+    let response = b.call(request("b")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    for call in [a, c] {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(
+        served_at(&served, start),
+        expected_at(&[("a", 0), ("b", 250), ("c", 1600)]),
+        "{:?}",
+        layer.wait_stats()
+    );
+    // The renewed unit took the place of the stale one: never more than the
+    // limit in a window.
+    let at: Vec<Duration> = served_at(&served, start).into_iter().map(|s| s.1).collect();
+    for (i, t) in at.iter().enumerate() {
+        let in_window = at[i..].iter().filter(|u| **u - *t < ms(1500)).count();
+        assert!(in_window <= 2, "{in_window} within 1.5 s of {t:?}: {at:?}");
+    }
+}

@@ -893,6 +893,23 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Reservation<K, G, 
         }
     }
 
+    /// Renew a reservation recorded in a bucket that has passed (its holder
+    /// was not ready to spend it in time): give it back and take a unit again
+    /// now, ahead of every waiter, or wait for one at the front of the queue.
+    /// True when it was stale (the reservation is then polled again).
+    pub(crate) fn renew_if_stale(&mut self) -> bool {
+        let ReservationState::Reserved(admitted) = &self.state else {
+            return false;
+        };
+        let admitted = *admitted;
+        if self.gate.is_current(&admitted) {
+            return false;
+        }
+        let waiter = Waiter::renew(Arc::clone(&self.gate), self.key.clone(), 1, &admitted);
+        self.state = ReservationState::Waiting(waiter);
+        true
+    }
+
     /// Spend the reservation. One recorded in an earlier bucket is renewed
     /// first (spending it later could put more than the limit in some window):
     /// given back, and a unit taken now, unless others wait or none is free.
