@@ -304,6 +304,18 @@ async fn a_reservation_kept_past_its_bucket_is_renewed_before_use() {
         "counted again in the bucket it is spent in"
     );
     assert_eq!(limiter.usage(&()).used, 1, "the old unit was given back");
+    // WaitStats: an undone admission's "next admission counts again in
+    // admitted_after_wait", not as admitted on arrival.
+    let stats = ready.queue().stats();
+    assert_eq!(
+        (
+            stats.admitted_at_once,
+            stats.admitted_after_wait,
+            stats.undone
+        ),
+        (1, 1, 1),
+        "{stats:?}"
+    );
 }
 
 /// Real threads and a running clock: no deadlock, nobody stranded, and the

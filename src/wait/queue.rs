@@ -712,8 +712,10 @@ fn pump<K: Hash + Eq + Clone, G: Gate<K>>(
     None
 }
 
-/// Admit `cost` units of `key` now if nobody waits for the key and they fit;
-/// nothing joins the queue (and nothing is counted as cancelled) otherwise.
+/// Renew a stale reservation: admit `cost` units of `key` now if nobody waits
+/// for the key and they fit (counted, as every renewal, as admitted after
+/// waiting); nothing joins the queue (and nothing is counted as cancelled)
+/// otherwise.
 fn admit_now<K: Hash + Eq + Clone, G: Gate<K>>(
     gate: &G,
     key: &K,
@@ -728,7 +730,7 @@ fn admit_now<K: Hash + Eq + Clone, G: Gate<K>>(
     };
     match result {
         Ok(admitted) => {
-            bump(&queues.counters.admitted_at_once);
+            bump(&queues.counters.admitted_after_wait);
             Some(admitted)
         }
         Err(denied) => {
