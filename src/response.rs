@@ -356,15 +356,18 @@ pub(crate) fn grpc_limited<B: Default>(
 ) -> Response<B> {
     let d = &report.decision;
     let (message, pushback) = match d.retry_after() {
-        Some(wait) => (
-            format!(
-                "rate limit exceeded for policy {}; retry after {} ms",
-                report.quoted_name,
-                wait.as_millis().max(1)
-            ),
-            // Signed 32-bit milliseconds; round up so the client never retries early.
-            Some(i32::try_from(wait.as_nanos().div_ceil(1_000_000).max(1)).unwrap_or(i32::MAX)),
-        ),
+        Some(wait) => {
+            // Rounded up so the client never retries early; the message says
+            // the same wait as the pushback (signed 32-bit milliseconds).
+            let ms = wait.as_nanos().div_ceil(1_000_000).max(1);
+            (
+                format!(
+                    "rate limit exceeded for policy {}; retry after {ms} ms",
+                    report.quoted_name
+                ),
+                Some(i32::try_from(ms).unwrap_or(i32::MAX)),
+            )
+        }
         None => (
             format!(
                 "request cost exceeds the limit of policy {}",
@@ -510,6 +513,33 @@ mod tests {
             let w = item.params.get("w").unwrap().as_integer().unwrap();
             assert_eq!(i64::from(w), 2, "window in seconds, rounded up");
         }
+    }
+
+    #[test]
+    fn the_grpc_message_names_the_pushback_wait_rounded_up() {
+        let decision = Decision::from_parts(
+            crate::decision::Outcome::Denied,
+            1,
+            0,
+            Duration::from_micros(63_948_200),
+            Duration::from_secs(64),
+        );
+        let policy_header = HeaderValue::from_static("\"p\";q=1;w=60");
+        let report = Report {
+            decision,
+            quoted_name: "\"p\"",
+            policy_header: &policy_header,
+        };
+        let options = HeaderOptions::default();
+        let headers = RateLimitHeaders::new(&options, &report, true);
+        let grpc_type = HeaderValue::from_static("application/grpc");
+        let response: Response<()> = grpc_limited(&grpc_type, &options, &report, headers);
+        let h = response.headers();
+        assert_eq!(h["grpc-retry-pushback-ms"], "63949");
+        assert_eq!(
+            h["grpc-message"],
+            "rate limit exceeded for policy \"p\"; retry after 63949 ms"
+        );
     }
 
     #[test]

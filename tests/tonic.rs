@@ -74,5 +74,13 @@ async fn over_the_limit_is_resource_exhausted_for_a_tonic_client() {
         .parse()
         .unwrap();
     assert!(pushback >= 1);
+    // The message names the same wait, rounded up as the pushback is.
+    assert!(
+        status
+            .message()
+            .ends_with(&format!("; retry after {pushback} ms")),
+        "{} against {pushback}",
+        status.message()
+    );
     assert!(status.metadata().get("retry-after").is_some());
 }
