@@ -6,7 +6,8 @@
 //! Each key with waiters owns a FIFO queue (an entry in a concurrent map, removed
 //! as soon as the queue is empty, so an idle key costs nothing). A request for a
 //! key without waiters is a plain [`Limiter::check_n`]; a request that finds
-//! waiters queues behind them even if its own cost would fit (no overtaking).
+//! waiters queues behind them even if its own cost would fit (no overtaking;
+//! a request of cost 0 takes nothing from them and passes at once).
 //!
 //! Only the **head** of a queue (the oldest waiter not yet admitted) holds a
 //! timer: it checks the limiter, and when denied sleeps until the decision's

@@ -74,6 +74,27 @@ async fn waiters_are_admitted_at_the_allowed_instants_in_arrival_order() {
     assert_eq!(stats.keys_waiting, 0);
 }
 
+/// A request of cost 0 takes nothing from the waiters ahead of it: it passes at
+/// once, as it would in reject mode, instead of queueing behind them.
+#[tokio::test(start_paused = true)]
+async fn a_request_of_cost_zero_does_not_queue_behind_waiters() {
+    let start = Instant::now();
+    let q = queues::<u32>(1, Duration::from_secs(10), 100);
+    assert!(q.acquire(1, 1).await.unwrap().is_allowed());
+    let waiting = q.acquire(1, 1);
+    assert!(waiting.is_waiting());
+    let free = q.acquire(1, 0);
+    assert!(
+        !free.is_waiting(),
+        "expected at {:?}",
+        free.expected_admission()
+    );
+    assert!(free.await.unwrap().is_allowed());
+    assert_eq!(Instant::now(), start);
+    assert!(waiting.await.unwrap().is_allowed());
+    assert_eq!(Instant::now(), start + ms(1600));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_whose_wait_would_exceed_the_bound_is_rejected_at_once() {
     let start = Instant::now();

@@ -359,9 +359,10 @@ fn enqueue<K: Hash + Eq + Clone, G: Gate<K>>(
     cost: u32,
 ) -> WaiterState<G::Admitted> {
     let queues = gate.queues();
-    // Fast path: no queue for this key, so a plain check decides.
+    // Fast path: no queue for this key, so a plain check decides; so does a
+    // cost of 0, which takes nothing from the waiters it would queue behind.
     let mut denial = None;
-    if !queues.map.contains_key(key) {
+    if cost == 0 || !queues.map.contains_key(key) {
         match gate.try_admit(key, cost) {
             Err(d) if d.decision.retry_after().is_some() => denial = Some(d),
             result => {
