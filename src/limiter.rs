@@ -601,7 +601,6 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 }
 
-/// Where the slot after the one holding `now` begins (saturating at the end of time).
 /// A decision of the overflow ring, made at `at` (no earlier than the latest
 /// sweep), as of the clock's reading `now`: its times count from `at`, a
 /// decision's from `now`.
@@ -615,6 +614,7 @@ fn overflow_decision(mut d: Decision, at: u64, now: u64) -> Decision {
     d
 }
 
+/// Where the slot after the one holding `now` begins (saturating at the end of time).
 fn next_slot_start(now: u64, bucket_nanos: u64) -> u64 {
     (now / bucket_nanos + 1).saturating_mul(bucket_nanos)
 }

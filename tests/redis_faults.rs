@@ -437,6 +437,12 @@ async fn a_redis_slower_than_half_a_second_but_within_the_timeout_still_decides(
         matches!(&d, Ok(d) if d.is_allowed() && !d.is_unchecked() && d.remaining() == 1),
         "answered {d:?} after {elapsed:?}, with a timeout of 5 s"
     );
+    // The premise: Redis really held the check past the crate's 500 ms (else
+    // this test could not tell whether that timeout is still in force).
+    assert!(
+        elapsed > Duration::from_secs(1),
+        "the check was not held by CLIENT PAUSE: answered after {elapsed:?}"
+    );
     assert_eq!(s.stats().failures, 0);
 }
 

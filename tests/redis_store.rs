@@ -294,7 +294,7 @@ async fn deny_cache_answers_an_over_limit_key_without_a_round_trip() {
 #[tokio::test]
 async fn undo_gives_units_back_and_clears_the_deny_cache() {
     let test = "undo_gives_units_back_and_clears_the_deny_cache";
-    let Some(_) = shared_redis(test).await else {
+    let Some(mut conn) = shared_redis(test).await else {
         return;
     };
     let s = store(policy(2, Duration::from_secs(10), 10), &unique_prefix(test));
@@ -310,15 +310,26 @@ async fn undo_gives_units_back_and_clears_the_deny_cache() {
     s.undo_now(&"k", &d).await;
     s.undo_now(&"k", &d).await;
     assert_eq!(s.check_n(&"k", 2).await.unwrap().remaining(), 0);
-    // The fire-and-forget path (Store::undo) reaches Redis too.
+    // The fire-and-forget path (Store::undo) reaches Redis too: on a key of its
+    // own, so the slot it gives back to holds the units being undone.
+    let fresh = s.check_n(&"fresh", 1).await.unwrap();
+    assert!(fresh.is_allowed());
+    let (key, field) = (s.redis_key(&"fresh"), fresh.recorded_slot().to_string());
+    let counted: Option<String> = conn.hget(&key, &field).await.unwrap();
+    assert_eq!(counted.as_deref(), Some("1"));
     let before = s.stats().undos;
-    Store::undo(&s, &"k", &first);
-    for _ in 0..100 {
-        if s.stats().undos > before {
+    Store::undo(&s, &"fresh", &fresh);
+    // Bounded wait until Redis has applied it (the script deletes the emptied field).
+    let mut applied = false;
+    for _ in 0..400 {
+        let v: Option<String> = conn.hget(&key, &field).await.unwrap();
+        if v.is_none() {
+            applied = true;
             break;
         }
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert!(applied, "the fire-and-forget undo never reached Redis");
     assert_eq!(s.stats().undos, before + 1);
 }
 

@@ -5,7 +5,7 @@
 //! the workers. Bounded by check counts, not time.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
@@ -19,6 +19,32 @@ const BUCKETS: u64 = 4;
 const WIDTH: u64 = 1_000; // ns
 /// The driver moves the clock once per this many checks (all threads together).
 const CHECKS_PER_STEP: usize = 3;
+
+/// Raises `flag` if the thread holding it panics, so that threads spinning on
+/// its progress fail instead of waiting for it forever.
+struct PanicAlarm<'a>(&'a AtomicBool);
+
+impl Drop for PanicAlarm<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.0.store(true, SeqCst);
+        }
+    }
+}
+
+/// Yield until `ready()`; panic if another thread raised `alarm`.
+fn spin_until(alarm: &AtomicBool, ready: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !ready() {
+        assert!(!alarm.load(SeqCst), "another thread panicked");
+        spins = spins.wrapping_add(1);
+        if spins % 64 == 0 {
+            thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
 
 /// One check as a worker saw it.
 #[derive(Debug, Clone, Copy)]
@@ -77,18 +103,20 @@ fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, Man
     let done = Arc::new(AtomicUsize::new(0));
     let steps = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(Barrier::new(THREADS + 1));
+    let alarm = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..THREADS)
         .map(|i| {
             let (limiter, done, start) = (limiter.clone(), done.clone(), start.clone());
-            let steps = steps.clone();
+            let (steps, alarm) = (steps.clone(), alarm.clone());
             thread::spawn(move || {
+                let _alarm = PanicAlarm(&alarm);
                 let mut rng = Rng(seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
                 let mut records = Vec::with_capacity(CHECKS_PER_THREAD);
                 start.wait();
                 for _ in 0..CHECKS_PER_THREAD {
-                    while done.load(SeqCst) >= (steps.load(SeqCst) + 1) * CHECKS_PER_STEP {
-                        thread::yield_now();
-                    }
+                    spin_until(&alarm, || {
+                        done.load(SeqCst) < (steps.load(SeqCst) + 1) * CHECKS_PER_STEP
+                    });
                     let c = cost(&mut rng);
                     // Mostly key 0, so that key 1 often idles for a window.
                     let key = (rng.below(8 * KEYS) / (8 * KEYS - 1)) as u8;
@@ -112,15 +140,16 @@ fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, Man
         .collect();
     let driver = {
         let (clock, done, start) = (clock.clone(), done.clone(), start.clone());
-        let steps = steps.clone();
+        let (steps, alarm) = (steps.clone(), alarm.clone());
         thread::spawn(move || {
+            let _alarm = PanicAlarm(&alarm);
             let mut rng = Rng(seed);
             let total = THREADS * CHECKS_PER_THREAD;
             start.wait();
             for k in 1.. {
-                while done.load(SeqCst) < (k * CHECKS_PER_STEP).min(total) {
-                    thread::yield_now();
-                }
+                spin_until(&alarm, || {
+                    done.load(SeqCst) >= (k * CHECKS_PER_STEP).min(total)
+                });
                 if k * CHECKS_PER_STEP >= total {
                     break;
                 }
@@ -234,22 +263,15 @@ fn race_for_the_last_unit(name: &str, same_key_next_window: bool) {
             .unwrap();
     let passed: Vec<AtomicUsize> = (0..ROUNDS).map(|_| AtomicUsize::new(0)).collect();
     let (done, ready) = (AtomicUsize::new(0), AtomicUsize::new(0));
-    let wait_for = |counter: &AtomicUsize, value: usize| {
-        let mut spins = 0u32;
-        while counter.load(SeqCst) < value {
-            spins += 1;
-            if spins % 64 == 0 {
-                thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-    };
+    let alarm = AtomicBool::new(false);
+    let wait_for =
+        |counter: &AtomicUsize, value: usize| spin_until(&alarm, || counter.load(SeqCst) >= value);
     thread::scope(|s| {
         for t in 0..2 {
             let (clock, limiter, passed) = (&clock, &limiter, &passed);
-            let (done, ready, wait_for) = (&done, &ready, &wait_for);
+            let (done, ready, wait_for, alarm) = (&done, &ready, &wait_for, &alarm);
             s.spawn(move || {
+                let _alarm = PanicAlarm(alarm);
                 for r in 0..ROUNDS {
                     if t == 0 && same_key_next_window {
                         // One bucket past the last round's window: the key's old
