@@ -188,7 +188,10 @@ impl<Req> Exemption<Req> for NoExemption {
 type KeyFormatter<K> = Arc<dyn Fn(&K, &mut fmt::Formatter<'_>) -> fmt::Result + Send + Sync>;
 /// Builds the in-memory limiters from the policies, `max_keys` and whether the
 /// layer waits (`OnLimit::Wait` / `Backpressure`).
-type StoreFactory<St> = Box<dyn FnOnce(Vec<Policy>, usize, bool) -> Result<Vec<St>, ConfigError>>;
+/// `Send + Sync`, so a builder can be held across an `.await` in a spawned task
+/// (while a store connects, say).
+type StoreFactory<St> =
+    Box<dyn FnOnce(Vec<Policy>, usize, bool) -> Result<Vec<St>, ConfigError> + Send + Sync>;
 
 /// Counters the layer keeps beyond the stores' own [`Stats`](crate::Stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -197,7 +200,9 @@ pub struct LayerStats {
     pub dry_run_rejections: u64,
     /// Requests without a key that were rejected (in a dry run: forwarded).
     pub key_missing: u64,
-    /// Requests answered 503 / UNAVAILABLE because a store could not decide
+    /// Requests answered 503 / UNAVAILABLE (with
+    /// [`reject_with_errors`](SlidingWindowLayerBuilder::reject_with_errors): a
+    /// [`StoreError`](crate::StoreError) value) because a store could not decide
     /// (in a dry run: forwarded).
     pub store_errors: u64,
 }
@@ -359,6 +364,8 @@ where
                 on_limit: OnLimit::Reject,
                 dry_run: false,
                 key_formatter: None,
+                clock: false,
+                http_rejection: false,
                 error: None,
             },
             stores: Vec::new(),
@@ -459,6 +466,11 @@ struct Common<K, X> {
     on_limit: OnLimit,
     dry_run: bool,
     key_formatter: Option<KeyFormatter<K>>,
+    /// Set by `clock()`; only limiters built from `policy()` use it.
+    clock: bool,
+    /// Set by the HTTP rejection settings (`status()`, `grpc_status()`, the
+    /// header options, `reject_with()`), which `reject_with_errors()` has none of.
+    http_rejection: bool,
     /// A mistake found while configuring, reported by `build()`.
     error: Option<ConfigError>,
 }
@@ -568,6 +580,12 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
         St2: 'static,
     {
         let mut common = self.common;
+        if common.clock {
+            common.error.get_or_insert(ConfigError::Invalid(
+                "clock() configures the in-memory limiters built from policy(); \
+                 a store given with store() keeps its own clock",
+            ));
+        }
         // Stores given before this one carry over when they have the same type.
         let had_stores = !self.stores.is_empty();
         let previous: Box<dyn std::any::Any> = Box::new(self.stores);
@@ -597,10 +615,22 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
     /// are not `http::Request`. The service's error becomes
     /// [`BoxError`](tower::BoxError), holding a [`RateLimited`](crate::RateLimited),
     /// a [`KeyMissing`](crate::KeyMissing) or a [`StoreError`](crate::StoreError).
+    /// The HTTP rejection settings ([`status`](Self::status),
+    /// [`grpc_status`](Self::grpc_status), the header options,
+    /// [`reject_with`](Self::reject_with)) have no meaning then: set before it,
+    /// they are a [`ConfigError`] from [`build`](Self::build).
     pub fn reject_with_errors(self) -> SlidingWindowLayerBuilder<K, X, St, ErrorRejection, Co, Ex> {
         let (stores, factory, cost, exempt) = (self.stores, self.factory, self.cost, self.exempt);
+        let mut common = self.common;
+        if common.http_rejection {
+            common.error.get_or_insert(ConfigError::Invalid(
+                "status(), grpc_status(), the header options and reject_with() shape HTTP \
+                 rejections; after reject_with_errors() rejections are error values and \
+                 they would be ignored",
+            ));
+        }
         SlidingWindowLayerBuilder {
-            common: self.common,
+            common,
             stores,
             factory,
             mode: ErrorRejection,
@@ -613,7 +643,9 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
     ///
     /// Errors: no policy, more than [`MAX_POLICIES`], stores mixed with
     /// [`policy`](Self::policy), [`max_keys`](Self::max_keys) without
-    /// [`policy`](Self::policy) (stores keep their own cap), a policy name that
+    /// [`policy`](Self::policy) (stores keep their own cap), [`clock`](Self::clock)
+    /// beside a store (stores keep their own clock), HTTP rejection settings
+    /// followed by [`reject_with_errors`](Self::reject_with_errors), a policy name that
     /// is not printable ASCII or is used twice, a rejection status that is not 4xx/5xx, a gRPC code outside
     /// 1..=16, any limiter configuration error, and for the waiting modes of
     /// [`OnLimit`]: a store that is not in-memory, `max_queue` 0, or
@@ -726,6 +758,9 @@ where
     /// drive it with `tokio::time::advance`) or when it waits
     /// ([`OnLimit::Wait`], [`OnLimit::Backpressure`]: its waits are tokio timers);
     /// otherwise the cheapest monotonic clock fine enough for the policy's bucket.
+    /// Only for limiters built from [`policy`](Self::policy): a store given with
+    /// `store()` keeps its own clock, and setting this beside one (before or
+    /// after it) is a [`ConfigError`] from [`build`](Self::build).
     pub fn clock<C2: Clock + Clone>(
         self,
         clock: C2,
@@ -742,6 +777,7 @@ where
                 .collect()
         });
         let mut common = self.common;
+        common.clock = true;
         if !self.stores.is_empty() {
             common.error.get_or_insert(ConfigError::Invalid(
                 "clock() configures in-memory limiters and cannot follow store()",
@@ -764,6 +800,7 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// [`reject_with`](Self::reject_with) response that sets none of its own.
     pub fn status(mut self, status: http::StatusCode) -> Self {
         self.mode.options.status = status;
+        self.common.http_rejection = true;
         self
     }
 
@@ -771,6 +808,7 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// RESOURCE_EXHAUSTED). Must be 1..=16.
     pub fn grpc_status(mut self, code: u8) -> Self {
         self.mode.options.grpc_status = code;
+        self.common.http_rejection = true;
         self
     }
 
@@ -778,18 +816,21 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// "do not retry", when the cost exceeds the limit).
     pub fn grpc_retry_pushback(mut self, on: bool) -> Self {
         self.mode.options.grpc_retry_pushback = on;
+        self.common.http_rejection = true;
         self
     }
 
     /// The IETF `RateLimit-Policy` and `RateLimit` fields (default on).
     pub fn ietf_headers(mut self, on: bool) -> Self {
         self.mode.options.ietf = on;
+        self.common.http_rejection = true;
         self
     }
 
     /// `Retry-After` on rejections (default on).
     pub fn retry_after_header(mut self, on: bool) -> Self {
         self.mode.options.retry_after = on;
+        self.common.http_rejection = true;
         self
     }
 
@@ -798,6 +839,7 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// rounded up, not an epoch timestamp.
     pub fn legacy_headers(mut self, on: bool) -> Self {
         self.mode.options.legacy = on;
+        self.common.http_rejection = true;
         self
     }
 
@@ -807,6 +849,7 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// see the README's HTTP benchmark).
     pub fn headers_on_allowed(mut self, on: bool) -> Self {
         self.mode.options.on_allowed = on;
+        self.common.http_rejection = true;
         self
     }
 
@@ -845,8 +888,10 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
         self,
         hook: H2,
     ) -> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H2>, Co, Ex> {
+        let mut common = self.common;
+        common.http_rejection = true;
         SlidingWindowLayerBuilder {
-            common: self.common,
+            common,
             stores: self.stores,
             factory: self.factory,
             mode: HttpRejection {

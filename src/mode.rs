@@ -94,7 +94,7 @@ impl<T: sealed::Configure> ModeConfig for T {}
 ///
 /// | case | plain HTTP | gRPC (`content-type: application/grpc…`) |
 /// |---|---|---|
-/// | over a limit | 429 (configurable), empty body, or your [`RejectResponse`] | 200, `grpc-status: 8` (configurable), `grpc-message`, `grpc-retry-pushback-ms` |
+/// | over a limit | 429 (configurable), empty body, or your [`RejectResponse`] | 200, `grpc-status: 8` (configurable), `grpc-message`, `grpc-retry-pushback-ms`, and the rate-limit headers below |
 /// | no key, [`MissingKey::Reject`](crate::MissingKey::Reject) | the rejection status, no rate-limit headers | the rejection code |
 /// | store down (fails closed) | 503 with `Retry-After` | `grpc-status: 14` UNAVAILABLE |
 ///

@@ -597,3 +597,130 @@ fn max_keys_with_stores_is_a_configuration_error_not_ignored() {
         tower_sliding_window::ConfigError::ZeroMaxKeys
     );
 }
+
+#[test]
+fn clock_before_store_is_a_configuration_error_not_ignored() {
+    // A store keeps its own clock: `clock()` after `store()` is reported, and so
+    // must be `clock()` before it, instead of being dropped without a word.
+    let p = || policy("p", 5, Duration::from_secs(60));
+    let store = || {
+        let limiter: Limiter<String, _> = Limiter::builder(p())
+            .clock(tower_sliding_window::ManualClock::new())
+            .build()
+            .unwrap();
+        limiter
+    };
+    let before = SlidingWindowLayer::<String, _>::builder(user)
+        .clock(tower_sliding_window::ManualClock::new())
+        .store(store())
+        .build();
+    assert!(
+        matches!(before, Err(tower_sliding_window::ConfigError::Invalid(_))),
+        "clock() before store() was accepted and ignored"
+    );
+    let after = SlidingWindowLayer::<String, _>::builder(user)
+        .store(store())
+        .clock(tower_sliding_window::ManualClock::new())
+        .build();
+    assert!(matches!(
+        after,
+        Err(tower_sliding_window::ConfigError::Invalid(_))
+    ));
+    // With policy() it applies, in either order.
+    for layer in [
+        SlidingWindowLayer::<String, _>::builder(user)
+            .clock(tower_sliding_window::ManualClock::new())
+            .policy(p())
+            .build(),
+        SlidingWindowLayer::<String, _>::builder(user)
+            .policy(p())
+            .clock(tower_sliding_window::ManualClock::new())
+            .build(),
+    ] {
+        assert!(layer.is_ok());
+    }
+    // A store alone still builds.
+    assert!(SlidingWindowLayer::<String, _>::builder(user)
+        .store(store())
+        .build()
+        .is_ok());
+}
+
+#[test]
+fn http_rejection_settings_before_reject_with_errors_are_a_configuration_error_not_ignored() {
+    // In error mode a rejection is an error value: no status, no gRPC code, no
+    // headers, no hook. Set before `reject_with_errors()` (the HTTP settings are
+    // not callable after it) they would be dropped without a word, even an
+    // invalid status or gRPC code that build() otherwise rejects.
+    type Builder = tower_sliding_window::SlidingWindowLayerBuilder<
+        String,
+        fn(&Request<Body>) -> Option<String>,
+    >;
+    let builder =
+        || -> Builder {
+            SlidingWindowLayer::builder(user as fn(&Request<Body>) -> Option<String>)
+                .policy(policy("p", 1, Duration::from_secs(60)))
+        };
+    let settings: Vec<(&str, Builder)> = vec![
+        (
+            "status(503)",
+            builder().status(StatusCode::SERVICE_UNAVAILABLE),
+        ),
+        ("status(200)", builder().status(StatusCode::OK)),
+        ("grpc_status(0)", builder().grpc_status(0)),
+        ("grpc_status(14)", builder().grpc_status(14)),
+        (
+            "grpc_retry_pushback(false)",
+            builder().grpc_retry_pushback(false),
+        ),
+        ("ietf_headers(false)", builder().ietf_headers(false)),
+        (
+            "retry_after_header(false)",
+            builder().retry_after_header(false),
+        ),
+        ("legacy_headers(true)", builder().legacy_headers(true)),
+        (
+            "headers_on_allowed(true)",
+            builder().headers_on_allowed(true),
+        ),
+    ];
+    for (setting, builder) in settings {
+        let layer = builder.reject_with_errors().build();
+        assert!(
+            matches!(layer, Err(tower_sliding_window::ConfigError::Invalid(_))),
+            "{setting} before reject_with_errors() was accepted and ignored"
+        );
+    }
+    let hooked = builder()
+        .reject_with(|_: &RateLimited| Response::new(String::from("slow down")))
+        .reject_with_errors()
+        .build();
+    assert!(
+        matches!(hooked, Err(tower_sliding_window::ConfigError::Invalid(_))),
+        "reject_with() before reject_with_errors() was accepted and ignored"
+    );
+    // Error mode alone still builds.
+    assert!(builder().reject_with_errors().build().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_builder_can_be_held_across_an_await_in_a_spawned_task() {
+    // Building a layer while a store connects (an `.await` with the builder
+    // alive) in a spawned task needs the builder to be `Send`.
+    fn send_sync<T: Send + Sync>(value: T) -> T {
+        value
+    }
+    let built = tokio::spawn(async {
+        let builder = send_sync(
+            SlidingWindowLayer::builder(GlobalKey).on_limit(tower_sliding_window::OnLimit::Reject),
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // a store connecting
+        builder
+            .store(Limiter::<()>::new(policy("p", 1, Duration::from_secs(60))).unwrap())
+            .build()
+            .map(|layer| layer.stores().len())
+    })
+    .await
+    .unwrap();
+    assert_eq!(built, Ok(1));
+}
