@@ -856,7 +856,8 @@ impl<K, X, H, St, Co, Ex> SlidingWindowLayerBuilder<K, X, St, HttpRejection<H>, 
     /// Build the response for a rate-limited (non-gRPC) request yourself, say
     /// with a JSON body. The configured rate-limit headers are added afterwards
     /// unless the response already has them. The hook's status is kept unless
-    /// it is a success (`Response::new` leaves 200): a rejection then gets the
+    /// it is a success (`Response::new` leaves 200) or a 1xx (never a final
+    /// response): a rejection then gets the
     /// layer's [`status`](Self::status), 429 by default. gRPC requests keep the
     /// gRPC rejection. The hook returns the inner service's response type: in
     /// axum, an `axum::response::Response`, say

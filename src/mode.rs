@@ -235,8 +235,9 @@ where
                 } else if H::CUSTOM {
                     let limited = RateLimited::new(report.decision, PolicyName::clone(name));
                     let mut response = self.hook.respond(&limited);
-                    // A rejection never goes out as a success.
-                    if response.status().is_success() {
+                    // A rejection never goes out as a success, nor as a 1xx,
+                    // which cannot be a final response.
+                    if response.status().is_success() || response.status().is_informational() {
                         *response.status_mut() = self.options.status;
                     }
                     headers.write_to(response.headers_mut());

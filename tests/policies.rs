@@ -489,6 +489,21 @@ async fn a_rejection_hook_that_sets_no_status_answers_with_the_layers() {
     assert_eq!(limited.body(), "slow down");
     assert_eq!(limited.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(limited.headers().contains_key("retry-after"));
+
+    // A 1xx cannot be a final response (hyper would not send it): the layer's too.
+    let informational = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("p", 1, Duration::from_secs(60)))
+        .reject_with(|_: &RateLimited| {
+            let mut response = Response::new(String::new());
+            *response.status_mut() = StatusCode::CONTINUE;
+            response
+        })
+        .build()
+        .unwrap();
+    let mut svc = informational.layer(ok_service());
+    assert_eq!(status(&mut svc, request("u")).await.0, StatusCode::OK);
+    let limited = svc.ready().await.unwrap().call(request("u")).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// The one store type of a layer that mixes an in-memory limit with a remote
