@@ -56,10 +56,12 @@ impl std::ops::Deref for Spaced {
 struct Partition<K> {
     map: Map<K>,
     /// Held while a ring is created, and while a check admitted by the overflow
-    /// ring looks for its key's own ring. The creator reads the key's overflow
-    /// mark then inserts; the overflow check raises the mark then looks: without
-    /// the lock both could miss the other, and the key would hold units in the
-    /// overflow ring that its new ring does not count.
+    /// ring raises its key's overflow mark and looks for its key's own ring.
+    /// The creator reads the mark then inserts; the overflow check raises the
+    /// mark then looks: without the lock both could miss the other, and the key
+    /// would hold units in the overflow ring that its new ring does not count;
+    /// with the raise outside the lock both could see the other, and the units
+    /// would be counted twice in the key's ring (copied, then moved).
     creating: Mutex<()>,
 }
 
@@ -306,7 +308,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// has already expired are simply gone.
     ///
     /// Units given back free room at once. A check racing the undo may still
-    /// count them (the safe side).
+    /// count them (the safe side); so does a key's own ring that started as a
+    /// copy of the overflow ring after an overflow decision it now undoes (the
+    /// units go back to the overflow ring; the copy keeps them for up to a
+    /// window).
     ///
     /// Undo a decision **once**, and only for the key it was made for. A
     /// [`Decision`] is a plain value (`Copy`) and carries no record of having been
@@ -488,11 +493,16 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let d = overflow_decision(self.overflow.acquire(g, at, cost), at, now);
         // A check of cost 0 counted nothing for the key: no mark, no copy later.
         if d.is_allowed() && cost > 0 {
+            // Raised under the lock, so a creator reads the mark either before
+            // (its new ring is in the map by the look below, which moves these
+            // units into it) or after (its ring starts as a copy holding them),
+            // never both: a copy that already holds them must not count them
+            // again when they are moved.
+            let _creating = partition.creating();
             self.overflow_mark(key)
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
-            // A racing check may have tracked the key before seeing the line above:
+            // A racing check may have tracked the key before the line above:
             // then count these units in the key's own ring instead.
-            let _creating = partition.creating();
             if let Some(decision) = map.get(key).and_then(|ring| ring.try_acquire(g, now, cost)) {
                 self.overflow.undo(g, &d);
                 return decision;

@@ -104,10 +104,12 @@ pub struct Stats {
     pub keys_tracked: usize,
     /// Idle keys dropped so far.
     pub keys_evicted: u64,
-    /// Checks of untracked keys that went to the shared overflow ring because the
-    /// limiter was at `max_keys`. (Below the cap, a key the overflow ring counted
-    /// gets a ring of its own that starts as a copy of the overflow ring; those
-    /// checks are not counted here.)
+    /// Checks of untracked keys (cost at most the limit, 0 included) that went
+    /// to the shared overflow ring because the limiter was at `max_keys`, also
+    /// when a racing check then gave the key its own ring and the units moved
+    /// there. (Below the cap, a key the overflow ring counted gets a ring of
+    /// its own that starts as a copy of the overflow ring; its checks are not
+    /// counted here.)
     pub overflowed: u64,
 }
 

@@ -4,9 +4,11 @@
 //! other key's checks sweep the limiter, so rings are retired and replaced under
 //! the workers. Bounded by check counts, not time.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 use tower_sliding_window::{Limiter, ManualClock, Policy};
@@ -344,4 +346,103 @@ fn keys_tracked_never_reads_above_the_cap() {
         w.join().unwrap();
     }
     assert_eq!(highest, 1);
+}
+
+// A check admitted by the overflow ring races the creation of its key's own
+// ring. The interleaving is forced: the key's `Hash` blocks the creating thread
+// at a chosen call (the read of the overflow mark, under the partition's
+// creating lock) until the test lets it go. Only this test arms the gate.
+
+thread_local! {
+    /// `Hash` calls this thread has made.
+    static CALLS: Cell<u32> = const { Cell::new(0) };
+    /// The call at which this thread waits for the gate (0: never).
+    static BLOCK_AT: Cell<u32> = const { Cell::new(0) };
+}
+
+/// (a thread is waiting at the gate, the gate is open)
+static GATE: Mutex<(bool, bool)> = Mutex::new((false, false));
+static GATE_CHANGED: Condvar = Condvar::new();
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Key(u64);
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let n = CALLS.with(|c| {
+            c.set(c.get() + 1);
+            c.get()
+        });
+        if BLOCK_AT.with(|b| b.get()) == n {
+            let mut gate = GATE.lock().unwrap();
+            gate.0 = true;
+            GATE_CHANGED.notify_all();
+            while !gate.1 {
+                gate = GATE_CHANGED.wait(gate).unwrap();
+            }
+        }
+        self.0.hash(h);
+    }
+}
+
+#[test]
+fn an_overflow_check_moved_into_its_keys_new_ring_is_counted_there_once() {
+    let clock = ManualClock::new();
+    let limiter: Limiter<Key, ManualClock> =
+        Limiter::builder(Policy::per(3, Duration::from_secs(1)).unwrap())
+            .clock(clock)
+            .max_keys(2)
+            .build()
+            .unwrap();
+    assert!(limiter.check(&Key(0)).is_allowed());
+    // A new key's check hashes it: partition, map lookup (twice: the inline
+    // path, then the full one), then, holding the creating lock, the overflow
+    // mark; then the insert.
+    CALLS.with(|c| c.set(0));
+    assert!(limiter.check(&Key(2)).is_allowed());
+    assert_eq!(
+        CALLS.with(|c| c.get()),
+        6,
+        "the hash calls this test counts on"
+    );
+    let (k, c) = thread::scope(|s| {
+        let limiter = &limiter;
+        let (k, c) = (Key(1), Key(1));
+        // Key 2 takes one place: make room for exactly one more.
+        assert_eq!(limiter.stats().keys_tracked, 2);
+        limiter.clock().set(2_000_000_000);
+        assert_eq!(limiter.evict_idle(), 2);
+        assert!(limiter.check(&Key(0)).is_allowed());
+        // K takes the last place and stops under the creating lock, just
+        // before it reads key 1's overflow mark.
+        let creator = s.spawn(move || {
+            CALLS.with(|n| n.set(0));
+            BLOCK_AT.with(|b| b.set(5));
+            limiter.check_n(&k, 1)
+        });
+        while !GATE.lock().unwrap().0 {
+            thread::yield_now();
+        }
+        // C finds no place: the overflow ring admits its 2 units, and it then
+        // waits for the lock K holds to look for key 1's ring.
+        let overflowed = limiter.stats().overflowed;
+        let checker = s.spawn(move || limiter.check_n(&c, 2));
+        while limiter.stats().overflowed == overflowed {
+            thread::yield_now();
+        }
+        for _ in 0..10_000 {
+            thread::yield_now();
+        }
+        let mut gate = GATE.lock().unwrap();
+        gate.1 = true;
+        GATE_CHANGED.notify_all();
+        drop(gate);
+        (creator.join().unwrap(), checker.join().unwrap())
+    });
+    // Either order alone admits both (1 + 2 of 3 units); so must the race.
+    assert!(k.is_allowed() && !k.is_overflow(), "{k:?}");
+    assert!(c.is_allowed(), "1 + 2 units fit a limit of 3: {c:?}");
+    // And key 1 holds its 3 units once, in one ring or the other.
+    let usage = limiter.usage(&Key(1));
+    assert_eq!(usage.used, 3, "{usage:?}");
 }
