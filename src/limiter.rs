@@ -316,7 +316,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// Undo a decision **once**, and only for the key it was made for. A
     /// [`Decision`] is a plain value (`Copy`) and carries no record of having been
     /// undone: giving the same units back twice frees room that other requests
-    /// still hold, and then more than the limit can pass in a window.
+    /// still hold, and then more than the limit can pass in a window (for an
+    /// overflow decision, room other keys in the shared overflow ring hold).
     pub fn undo(&self, key: &K, decision: &Decision) {
         let g = &self.geometry;
         if decision.overflow {

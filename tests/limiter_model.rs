@@ -653,3 +653,626 @@ proptest! {
         prop_assert_eq!(limiter.stats().keys_tracked, 0);
     }
 }
+
+/// Cases for the edge properties: `default`, or `EDGE_CASES` for a longer hunt.
+fn edge_cases(default: u32) -> u32 {
+    std::env::var("EDGE_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Geometries at the ring's edges: 1, 2 and 15 buckets (rings of 2, 3 and 16,
+/// inline), 16-17 (boxed, positions by division), 63-65 (the stack array of a
+/// denial and the allocation beyond it) and 127-130; bucket widths from 1 ns;
+/// limits from 1 to `u32::MAX`.
+fn edge_geometry() -> impl Strategy<Value = Geometry> {
+    let n = prop_oneof![
+        Just(1u32),
+        Just(2),
+        Just(15),
+        16..=17u32,
+        63..=65u32,
+        127..=130u32
+    ];
+    let limit = prop_oneof![
+        2 => 1..=12u32,
+        1 => Just(u32::MAX),
+        1 => (u32::MAX - 3)..=u32::MAX,
+        1 => (1u32 << 31)..=(1 << 31) + 2,
+    ];
+    let per_bucket = prop_oneof![Just(1u64), 1..=3u64, 1..=2_000u64];
+    (n, limit, per_bucket, 0..2u64).prop_map(|(n, limit, per_bucket, uneven)| {
+        let window = n as u64 * per_bucket - uneven * (per_bucket - 1).min(n as u64 / 2);
+        Geometry::new(n, limit, window, Precision::Strict)
+    })
+}
+
+/// One step of an edge trace on one key.
+#[derive(Debug, Clone)]
+enum EdgeStep {
+    /// Check (consuming) after `gap` nanoseconds; the cost is picked from `cost`.
+    Check { gap: Gap, cost: Cost },
+    /// Undo the `back`-th latest decision (allowed or not) after `gap`.
+    Undo { gap: Gap, back: usize },
+    /// Peek and read usage after `gap`.
+    Peek { gap: Gap, cost: Cost },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Gap {
+    None,
+    /// Thousandths of a window, plus a few nanoseconds.
+    Permille(u64, u64),
+    /// Whole slots, for idle keys: about 2^31 or 2^32 slots, give or take.
+    Slots(u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Cost {
+    Zero,
+    One,
+    Limit,
+    LimitMinus(u32),
+    Half,
+    Any(u32),
+    AboveLimit,
+}
+
+fn edge_step() -> impl Strategy<Value = EdgeStep> {
+    let gap = prop_oneof![
+        3 => Just(Gap::None),
+        8 => (0..150u64, 0..4u64).prop_map(|(p, j)| Gap::Permille(p, j)),
+        3 => (150..1_500u64, 0..4u64).prop_map(|(p, j)| Gap::Permille(p, j)),
+        1 => prop_oneof![
+            (1u64 << 30) - 2..=(1 << 30) + 2,
+            (1u64 << 31) - 2..=(1 << 31) + 2,
+            (1u64 << 32) - 2..=(1 << 32) + 2,
+            (1u64 << 32) - 140..=(1 << 32) + 140,
+        ]
+        .prop_map(Gap::Slots),
+    ];
+    let cost = prop_oneof![
+        2 => Just(Cost::Zero),
+        4 => Just(Cost::One),
+        2 => Just(Cost::Limit),
+        2 => (1..4u32).prop_map(Cost::LimitMinus),
+        2 => Just(Cost::Half),
+        3 => any::<u32>().prop_map(Cost::Any),
+        1 => Just(Cost::AboveLimit),
+    ];
+    prop_oneof![
+        6 => (gap.clone(), cost.clone()).prop_map(|(gap, cost)| EdgeStep::Check { gap, cost }),
+        1 => (gap.clone(), 0..4usize).prop_map(|(gap, back)| EdgeStep::Undo { gap, back }),
+        1 => (gap, cost).prop_map(|(gap, cost)| EdgeStep::Peek { gap, cost }),
+    ]
+}
+
+impl Geometry {
+    fn advance(&self, t: u64, gap: Gap) -> u64 {
+        self.try_advance(t, gap).expect("within the clock's range")
+    }
+
+    /// `t` after `gap`, or `None` past the last instant the limiter takes as
+    /// is (2^60 widths, or N + 2 widths before the end of the u64 range).
+    fn try_advance(&self, t: u64, gap: Gap) -> Option<u64> {
+        let (t, w) = (t as u128, self.width as u128);
+        let next = match gap {
+            Gap::None => t,
+            Gap::Permille(p, j) => t + self.window as u128 * p as u128 / 1000 + j as u128,
+            Gap::Slots(s) => t + s as u128 * w,
+        };
+        (next <= self.last_instant() as u128).then_some(next as u64)
+    }
+
+    fn last_instant(&self) -> u64 {
+        let w = self.width as u128;
+        (((1u128 << 60) - 1) * w).min(u64::MAX as u128 - (self.n as u128 + 2) * w) as u64
+    }
+
+    fn cost(&self, cost: Cost) -> u64 {
+        let l = self.limit;
+        match cost {
+            Cost::Zero => 0,
+            Cost::One => 1,
+            Cost::Limit => l,
+            Cost::LimitMinus(k) => l.saturating_sub(k as u64),
+            Cost::Half => l / 2 + 1,
+            Cost::Any(x) => x as u64 % (l + 1),
+            Cost::AboveLimit => {
+                if l == u32::MAX as u64 {
+                    l
+                } else {
+                    l + 1
+                }
+            }
+        }
+    }
+}
+
+impl SpanModel {
+    /// What a check of `cost` (0 ..= L) expects at `t`, counting it when it fits;
+    /// a check of cost 0 counts nothing and reports the window as it is.
+    fn check_any(&mut self, t: u64, cost: u64) -> Expected {
+        let mut e = self.check(t, cost);
+        if cost == 0 {
+            self.slots.retain(|_, c| *c > 0);
+            e.reset = self.reset(t);
+        }
+        e
+    }
+
+    /// What a peek of `cost` expects at `t`.
+    fn peek(&self, t: u64, cost: u64) -> Expected {
+        if cost > self.g.limit {
+            return Expected {
+                outcome: Outcome::CostExceedsLimit,
+                remaining: self.remaining(t),
+                retry_after: None,
+                reset: self.reset(t),
+            };
+        }
+        if self.fits(t, cost) {
+            let s = self.g.slot(t);
+            Expected {
+                outcome: Outcome::Allowed,
+                remaining: self.remaining(t).saturating_sub(cost),
+                retry_after: Some(0),
+                reset: if cost > 0 {
+                    (s + self.g.n + 1) * self.g.width - t
+                } else {
+                    self.reset(t)
+                },
+            }
+        } else {
+            Expected {
+                outcome: Outcome::Denied,
+                remaining: self.remaining(t),
+                retry_after: Some(self.next_fit(t, cost) - t),
+                reset: self.reset(t),
+            }
+        }
+    }
+}
+
+/// Run an edge trace on one key against the span model, decision by decision
+/// and field by field, every denial's retry_after checked to the nanosecond.
+fn run_edges(g: Geometry, trace: &[EdgeStep]) -> Result<(), TestCaseError> {
+    let (limiter, clock) = g.limiter();
+    let mut model = SpanModel::new(g);
+    let mut t = 0u64;
+    let mut decisions: Vec<Decision> = Vec::new();
+    // The newest slot any consuming check entered: an undo of units older than
+    // a window before it finds nothing.
+    let mut newest = 0u64;
+    for (i, step) in trace.iter().enumerate() {
+        match *step {
+            EdgeStep::Check { gap, cost } => {
+                // A gap past the end of the clock's range is skipped.
+                t = g.try_advance(t, gap).unwrap_or(t);
+                let cost = g.cost(cost);
+                clock.set(t);
+                let d = limiter.check_n(&0, cost as u32);
+                let expected = if cost > g.limit {
+                    model.peek(t, cost)
+                } else {
+                    newest = g.slot(t);
+                    model.check_any(t, cost)
+                };
+                prop_assert_eq!(
+                    observed(&d),
+                    expected,
+                    "step {}: check at {} of {}",
+                    i,
+                    t,
+                    cost
+                );
+                if d.is_allowed() {
+                    prop_assert_eq!(d.recorded_slot(), g.slot(t));
+                    prop_assert_eq!(d.cost() as u64, cost);
+                    if g.precision == Precision::Strict {
+                        prop_assert!(max_in_any_span(&model.slots, g.n) <= g.limit);
+                    }
+                } else if d.outcome() == Outcome::Denied {
+                    let r = d.retry_after().unwrap().as_nanos() as u64;
+                    if t + r > g.last_instant() {
+                        // The limiter's time stands still there (documented).
+                        return Ok(());
+                    }
+                    clock.set(t + r);
+                    prop_assert!(
+                        limiter.peek(&0, cost as u32).is_allowed(),
+                        "step {}: not allowed after {}",
+                        i,
+                        r
+                    );
+                    if r > 1 {
+                        clock.set(t + r - 1);
+                        prop_assert!(
+                            !limiter.peek(&0, cost as u32).is_allowed(),
+                            "step {}: allowed before {}",
+                            i,
+                            r
+                        );
+                    }
+                    clock.set(t);
+                }
+                decisions.push(d);
+            }
+            EdgeStep::Undo { gap, back } => {
+                // A gap past the end of the clock's range is skipped.
+                t = g.try_advance(t, gap).unwrap_or(t);
+                clock.set(t);
+                let Some(d) = decisions.iter().rev().nth(back).copied() else {
+                    continue;
+                };
+                limiter.undo(&0, &d);
+                if d.is_allowed() && d.cost() > 0 && newest - d.recorded_slot() <= g.n {
+                    let units = model.slots.entry(d.recorded_slot()).or_default();
+                    *units = units.saturating_sub(d.cost() as u64);
+                    model.slots.retain(|_, c| *c > 0);
+                }
+            }
+            EdgeStep::Peek { gap, cost } => {
+                // A gap past the end of the clock's range is skipped.
+                t = g.try_advance(t, gap).unwrap_or(t);
+                let cost = g.cost(cost);
+                clock.set(t);
+                let d = limiter.peek(&0, cost as u32);
+                prop_assert_eq!(
+                    observed(&d),
+                    model.peek(t, cost),
+                    "step {}: peek at {} of {}",
+                    i,
+                    t,
+                    cost
+                );
+                let u = limiter.usage(&0);
+                let e = model.peek(t, 0);
+                prop_assert_eq!(
+                    (u.remaining as u64, u.reset.as_nanos() as u64),
+                    (e.remaining, e.reset),
+                    "step {}: usage at {}",
+                    i,
+                    t
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(edge_cases(256)))]
+
+    /// Every field of every decision matches the span model at the ring's edges
+    /// (geometries, limits up to u32::MAX, costs 0 ..= L and above, undo, keys
+    /// idle for about 2^30, 2^31 and 2^32 slots), strict and interpolated.
+    #[test]
+    fn edges_match_the_span_model(
+        g in edge_geometry(),
+        interpolated in any::<bool>(),
+        trace in prop::collection::vec(edge_step(), 1..200),
+    ) {
+        let mut g = g;
+        if interpolated {
+            g.precision = Precision::Interpolated;
+        }
+        run_edges(g, &trace)?;
+    }
+}
+
+/// The span model of one key behind a limiter that tracks one key (so every
+/// sweep step sweeps it), on a clock that may step back: a check runs at the
+/// key's newest slot when the clock is behind it, as of the slot's first
+/// instant, and its times count from the clock's reading.
+struct HeldModel {
+    span: SpanModel,
+    /// The key's ring: its newest slot, or `None` once a sweep retired it.
+    newest: Option<u64>,
+    swept_at: u64,
+    next_sweep_at: u64,
+}
+
+impl HeldModel {
+    fn new(g: Geometry) -> HeldModel {
+        HeldModel {
+            span: SpanModel::new(g),
+            newest: None,
+            swept_at: 0,
+            next_sweep_at: g.width,
+        }
+    }
+
+    /// The slot a check at `t` runs at, and the instant it is evaluated at.
+    fn at(&self, t: u64) -> (u64, u64) {
+        let g = &self.span.g;
+        let s = match self.newest {
+            Some(newest) => g.slot(t).max(newest),
+            None => g.slot(t.max(self.swept_at)),
+        };
+        (s, t.max(s * g.width))
+    }
+
+    fn shift(e: Expected, by: u64) -> Expected {
+        Expected {
+            retry_after: e.retry_after.map(|r| if r > 0 { r + by } else { 0 }),
+            reset: if e.reset > 0 { e.reset + by } else { 0 },
+            ..e
+        }
+    }
+
+    fn check(&mut self, t: u64, cost: u64) -> Expected {
+        let e = if cost > self.span.g.limit {
+            self.peek(t, cost)
+        } else {
+            let (s, te) = self.at(t);
+            self.newest = Some(s);
+            HeldModel::shift(self.span.check_any(te, cost), te - t)
+        };
+        // The limiter's sweep, once per bucket width.
+        if t >= self.next_sweep_at {
+            self.next_sweep_at = (t / self.span.g.width + 1) * self.span.g.width;
+            self.swept_at = self.swept_at.max(t);
+            if let Some(newest) = self.newest {
+                if self.span.g.slot(t).saturating_sub(newest) > self.span.g.n {
+                    self.newest = None;
+                }
+            }
+        }
+        e
+    }
+
+    fn peek(&self, t: u64, cost: u64) -> Expected {
+        let (_, te) = self.at(t);
+        HeldModel::shift(self.span.peek(te, cost), te - t)
+    }
+
+    fn undo(&mut self, d: &Decision) {
+        if let Some(newest) = self.newest {
+            if d.is_allowed()
+                && d.cost() > 0
+                && newest.saturating_sub(d.recorded_slot()) <= self.span.g.n
+            {
+                let units = self.span.slots.entry(d.recorded_slot()).or_default();
+                *units = units.saturating_sub(d.cost() as u64);
+                self.span.slots.retain(|_, c| *c > 0);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum HeldStep {
+    Edge(EdgeStep),
+    /// The clock steps back by this many thousandths of a window.
+    Back(u64),
+}
+
+fn held_step() -> impl Strategy<Value = HeldStep> {
+    prop_oneof![
+        6 => edge_step().prop_map(HeldStep::Edge),
+        1 => prop_oneof![0..1_200u64, 900..3_000u64].prop_map(HeldStep::Back),
+    ]
+}
+
+fn run_held(g: Geometry, trace: &[HeldStep]) -> Result<(), TestCaseError> {
+    let (limiter, clock) = g.limiter_tracking(1);
+    let mut model = HeldModel::new(g);
+    let mut t = 0u64;
+    let mut decisions: Vec<Decision> = Vec::new();
+    for (i, step) in trace.iter().enumerate() {
+        let step = match step {
+            HeldStep::Back(permille) => {
+                t = t.saturating_sub(g.window * permille / 1000);
+                continue;
+            }
+            HeldStep::Edge(step) => step,
+        };
+        match *step {
+            EdgeStep::Check { gap, cost } => {
+                t = g.advance(t, gap);
+                let cost = g.cost(cost);
+                clock.set(t);
+                let d = limiter.check_n(&0, cost as u32);
+                let expected = model.check(t, cost);
+                prop_assert_eq!(
+                    observed(&d),
+                    expected,
+                    "step {}: check at {} of {}",
+                    i,
+                    t,
+                    cost
+                );
+                if d.outcome() == Outcome::Denied {
+                    // Peeks sweep nothing: the model's state stands.
+                    let r = d.retry_after().unwrap().as_nanos() as u64;
+                    clock.set(t + r);
+                    prop_assert!(
+                        limiter.peek(&0, cost as u32).is_allowed(),
+                        "step {}: not allowed after {}",
+                        i,
+                        r
+                    );
+                    if r > 1 {
+                        clock.set(t + r - 1);
+                        prop_assert!(
+                            !limiter.peek(&0, cost as u32).is_allowed(),
+                            "step {}: allowed before {}",
+                            i,
+                            r
+                        );
+                    }
+                    clock.set(t);
+                }
+                decisions.push(d);
+            }
+            EdgeStep::Undo { gap, back } => {
+                t = g.advance(t, gap);
+                clock.set(t);
+                let Some(d) = decisions.iter().rev().nth(back).copied() else {
+                    continue;
+                };
+                limiter.undo(&0, &d);
+                model.undo(&d);
+            }
+            EdgeStep::Peek { gap, cost } => {
+                t = g.advance(t, gap);
+                let cost = g.cost(cost);
+                clock.set(t);
+                let d = limiter.peek(&0, cost as u32);
+                prop_assert_eq!(
+                    observed(&d),
+                    model.peek(t, cost),
+                    "step {}: peek at {} of {}",
+                    i,
+                    t,
+                    cost
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(edge_cases(256)))]
+
+    /// As `edges_match_the_span_model`, with a clock that steps back, by up to
+    /// three windows: a check is held at its key's newest slot.
+    #[test]
+    fn edges_with_a_clock_stepping_back_match_the_held_model(
+        g in edge_geometry(),
+        interpolated in any::<bool>(),
+        trace in prop::collection::vec(held_step(), 1..200),
+    ) {
+        let mut g = g;
+        if interpolated {
+            g.precision = Precision::Interpolated;
+        }
+        run_held(g, &trace)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(edge_cases(256)))]
+
+    /// The key-cap / eviction / clock-back trace at the edge geometries.
+    #[test]
+    fn edges_across_evictions_the_key_cap_and_a_clock_stepping_back(
+        g in edge_geometry(),
+        interpolated in any::<bool>(),
+        max_keys in 1..=3usize,
+        trace in prop::collection::vec((step(), any::<u32>(), 0..3u8), 1..300),
+    ) {
+        let mut g = g;
+        if interpolated {
+            g.precision = Precision::Interpolated;
+        }
+        let (limiter, clock) = g.limiter_tracking(max_keys);
+        let mut recorded: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); KEYS as usize + 3];
+        let mut decisions: Vec<(u8, Decision)> = Vec::new();
+        let mut t = 10 * g.window;
+        for (s, seed, kind) in &trace {
+            let (key, cost) = match *s {
+                Step::Check { gap_permille, key, cost } => {
+                    t += g.window * gap_permille / 1000;
+                    let cost = match kind {
+                        0 => cost.min(g.limit),
+                        1 => g.limit,
+                        _ => *seed as u64 % (g.limit + 1),
+                    };
+                    (key, cost as u32)
+                }
+                Step::Back(permille) => {
+                    t = t.saturating_sub(g.window * permille / 1000);
+                    continue;
+                }
+                Step::Evict => {
+                    if *kind == 0 {
+                        // Each decision once: undoing one twice gives back units
+                        // another key holds in the overflow ring (documented).
+                        let i = decisions.len().checked_sub(1 + *seed as usize % 3);
+                        if let Some((key, d)) = i.map(|i| decisions.remove(i)) {
+                            clock.set(t);
+                            limiter.undo(&key, &d);
+                            if d.is_allowed() {
+                                // An undone decision no longer holds units (undo twice: saturates).
+                                if let Some(u) = recorded[key as usize].get_mut(&d.recorded_slot()) {
+                                    *u = u.saturating_sub(d.cost() as u64);
+                                }
+                            }
+                        }
+                    } else {
+                        limiter.evict_idle();
+                    }
+                    continue;
+                }
+            };
+            clock.set(t);
+            let d = limiter.check_n(&key, cost);
+            decisions.push((key, d));
+            if d.is_allowed() {
+                *recorded[key as usize].entry(d.recorded_slot()).or_default() += d.cost() as u64;
+                if g.precision == Precision::Strict {
+                    let worst = max_in_any_span(&recorded[key as usize], g.n);
+                    prop_assert!(worst <= g.limit, "key {}: {} units in one span", key, worst);
+                }
+            } else {
+                prop_assert_eq!(d.outcome(), Outcome::Denied);
+                let r = d.retry_after().unwrap().as_nanos() as u64;
+                clock.set(t + r);
+                prop_assert!(limiter.peek(&key, cost).is_allowed(), "not allowed after {}: {:?}", r, d);
+                if r > 1 {
+                    clock.set(t + r - 1);
+                    prop_assert!(!limiter.peek(&key, cost).is_allowed(), "allowed before {}: {:?}", r, d);
+                }
+                clock.set(t);
+            }
+        }
+        clock.set(t + 100 * g.window);
+        limiter.evict_idle();
+        prop_assert_eq!(limiter.stats().keys_tracked, 0);
+    }
+}
+
+/// Windows up to `Policy::MAX_WINDOW` and up to `Policy::MAX_BUCKETS` buckets.
+fn huge_geometry() -> impl Strategy<Value = Geometry> {
+    let n = prop_oneof![
+        Just(1u32),
+        Just(2),
+        Just(3),
+        Just(15),
+        Just(16),
+        Just(4095),
+        Just(4096)
+    ];
+    let window = prop_oneof![
+        Just(1u64 << 62),
+        (1u64 << 61)..=(1 << 62),
+        (1u64 << 40)..=(1 << 41),
+        4096..=10_000u64,
+    ];
+    let limit = prop_oneof![1..=5u32, Just(u32::MAX)];
+    (n, window, limit, any::<bool>()).prop_map(|(n, window, limit, interpolated)| {
+        let precision = if interpolated {
+            Precision::Interpolated
+        } else {
+            Precision::Strict
+        };
+        Geometry::new(n, limit, window, precision)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(edge_cases(32)))]
+
+    /// The span model at the largest windows and bucket counts a policy takes.
+    #[test]
+    fn huge_geometries_match_the_span_model(
+        g in huge_geometry(),
+        trace in prop::collection::vec(edge_step(), 1..60),
+    ) {
+        run_edges(g, &trace)?;
+    }
+}
