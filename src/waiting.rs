@@ -259,11 +259,11 @@ where
         }
         None => None,
     };
-    let waiter = match reserved {
+    let mut waiter = match reserved {
         Some(admitted) => return respond_now(svc, &shared, req, &key, Ok(admitted)),
         None => Waiter::new(Arc::clone(&shared), key.clone(), cost),
     };
-    if let Some(result) = waiter.decided() {
+    if let Some(result) = waiter.take_decided() {
         return respond_now(svc, &shared, req, &key, result);
     }
     // A clone, readied only once the request is admitted. The instance

@@ -228,6 +228,24 @@ async fn an_admitted_waiter_dropped_before_its_turn_is_used_gives_its_unit_back(
     assert_eq!(q.stats().undone, 1);
 }
 
+/// An `Acquire` admitted on arrival but dropped before it was ever polled (say
+/// the other branch of a `select!` won first) cancels its request: "dropping
+/// it before it resolves ... gives back any units it was admitted with".
+#[tokio::test(start_paused = true)]
+async fn a_request_admitted_on_arrival_but_dropped_unpolled_gives_its_units_back() {
+    let q = queues::<u32>(2, Duration::from_secs(60), 100);
+    let unpolled = q.acquire(1, 2);
+    assert!(!unpolled.is_waiting(), "admitted on arrival");
+    drop(unpolled);
+    assert_eq!(q.limiter().usage(&1).used, 0, "its units are back");
+    let next = q.acquire(1, 2);
+    assert!(!next.is_waiting(), "the next one is admitted at once");
+    assert!(next.await.unwrap().is_allowed());
+    assert_eq!(q.stats().undone, 1);
+    // One that resolved keeps its units when dropped.
+    assert_eq!(q.limiter().usage(&1).used, 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn many_keys_waiting_at_once_do_not_interfere() {
     let start = Instant::now();

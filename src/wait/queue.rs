@@ -268,6 +268,11 @@ pub(crate) struct Waiter<K, G, A> {
     key: K,
     state: WaiterState<A>,
     cancel: fn(&G, &K, u64),
+    /// Gives back an admission decided on arrival (or on renewal) but never
+    /// delivered: the future was dropped before it resolved.
+    unused: fn(&G, &K, &A),
+    /// The outcome was returned by `poll` (or taken by [`Waiter::take_decided`]).
+    delivered: bool,
 }
 
 enum WaiterState<A> {
@@ -290,6 +295,8 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Waiter<K, G, A> {
             key,
             state,
             cancel: cancel::<K, G>,
+            unused: release_unused::<K, G>,
+            delivered: false,
         }
     }
 }
@@ -307,6 +314,8 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Waiter<K, G, A> {
             key,
             state,
             cancel: cancel::<K, G>,
+            unused: release_unused::<K, G>,
+            delivered: false,
         }
     }
 }
@@ -323,10 +332,15 @@ impl<K, G, A: Copy> Waiter<K, G, A> {
         matches!(self.state, WaiterState::Waiting { .. })
     }
 
-    /// The outcome, once decided (on arrival or since).
-    pub(crate) fn decided(&self) -> Option<Result<A, Rejection>> {
+    /// The outcome, once decided (on arrival or since), taken by the caller:
+    /// an admission is then the caller's to use, and no longer given back when
+    /// the waiter is dropped.
+    pub(crate) fn take_decided(&mut self) -> Option<Result<A, Rejection>> {
         match &self.state {
-            WaiterState::Done(result) => Some(*result),
+            WaiterState::Done(result) => {
+                self.delivered = true;
+                Some(*result)
+            }
             WaiterState::Waiting { .. } => None,
         }
     }
@@ -808,11 +822,15 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Future for Waiter<
         let this = &mut *self;
         loop {
             let (id, sleep) = match &mut this.state {
-                WaiterState::Done(result) => return Poll::Ready(*result),
+                WaiterState::Done(result) => {
+                    this.delivered = true;
+                    return Poll::Ready(*result);
+                }
                 WaiterState::Waiting { id, sleep, .. } => (*id, sleep),
             };
             match poll_waiter(&*this.gate, &this.key, id, cx) {
                 Step::Ready(result) => {
+                    this.delivered = true;
                     this.state = WaiterState::Done(result);
                     return Poll::Ready(result);
                 }
@@ -843,8 +861,15 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Future for Waiter<
 
 impl<K, G, A> Drop for Waiter<K, G, A> {
     fn drop(&mut self) {
-        if let WaiterState::Waiting { id, .. } = self.state {
-            (self.cancel)(&self.gate, &self.key, id);
+        match &self.state {
+            WaiterState::Waiting { id, .. } => (self.cancel)(&self.gate, &self.key, *id),
+            // Admitted on arrival but dropped before it resolved: the request
+            // is cancelled, so its units go back (as a waiter's admitted in a
+            // batch and dropped before it was polled).
+            WaiterState::Done(Ok(admitted)) if !self.delivered => {
+                (self.unused)(&self.gate, &self.key, admitted)
+            }
+            WaiterState::Done(_) => {}
         }
     }
 }
