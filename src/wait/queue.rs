@@ -119,7 +119,11 @@ struct Entry<A> {
     waker: Option<Waker>,
     /// Fingerprint of the slots the forecast admits this waiter in.
     forecast: Option<u64>,
-    /// Past this instant the waiter is rejected rather than admitted.
+    /// The waiter's bound, `max_wait` after its arrival. It is held against
+    /// forecasts, not the clock: a waiter whose turn, forecast when it is
+    /// denied as the head, would come after it is rejected then; a waiter that
+    /// fits when its queue moves is admitted, even past this instant when the
+    /// queue moved late (a head, or the waiter itself, polled late).
     give_up_at: Option<Instant>,
     /// When the head's cost fits, as of its last denial: the head sleeps until
     /// then without checking again. Cleared by anything that frees units.
