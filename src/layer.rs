@@ -236,8 +236,9 @@ pub(crate) struct Shared<K, X, St, M, Co, Ex> {
     pub(crate) counters: LayerCounters,
     /// The wait queues of `OnLimit::Wait` and `OnLimit::Backpressure`.
     pub(crate) wait: crate::waiting::LayerQueues<K>,
-    /// The key of a global limit (`()`), for `OnLimit::Backpressure`.
-    pub(crate) global_key: Option<K>,
+    /// The key `poll_ready` reserves a unit of: the global limit's `()` under
+    /// `OnLimit::Backpressure` (not in a dry run); `None` otherwise.
+    pub(crate) reserve_key: Option<K>,
 }
 
 impl<K, X, St, M, Co, Ex> Shared<K, X, St, M, Co, Ex> {
@@ -711,6 +712,8 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
         }
         let policy_header = response::policy_header(limits.iter().map(|l| l.store.policy()));
         let (wait, global_key) = crate::waiting::configure(common.on_limit, &limits)?;
+        let reserve_key =
+            global_key.filter(|_| common.on_limit == OnLimit::Backpressure && !common.dry_run);
         Ok(SlidingWindowLayer {
             shared: Arc::new(Shared {
                 extractor: common.extractor,
@@ -725,7 +728,7 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
                 key_formatter: common.key_formatter,
                 counters: LayerCounters::default(),
                 wait,
-                global_key,
+                reserve_key,
             }),
         })
     }

@@ -192,10 +192,9 @@ where
     Ex: Send + Sync + 'static,
 {
     let shared = &svc.layer.shared;
-    if !matches!(shared.on_limit, OnLimit::Backpressure) || shared.dry_run {
-        return Poll::Ready(());
-    }
-    let Some(key) = &shared.global_key else {
+    // Set only under Backpressure (not in a dry run): every other layer is
+    // ready at once.
+    let Some(key) = &shared.reserve_key else {
         return Poll::Ready(());
     };
     let ready = svc
