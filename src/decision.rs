@@ -172,13 +172,26 @@ impl Decision {
     }
 }
 
+/// [`Decision::retry_after`] for `Debug`: the wait as a duration, or `None` for
+/// a cost that can never pass (not `0ns`, which would read as "retry now").
+struct RetryAfter(Option<Duration>);
+
+impl std::fmt::Debug for RetryAfter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(wait) => wait.fmt(f),
+            None => f.write_str("None"),
+        }
+    }
+}
+
 impl std::fmt::Debug for Decision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Decision")
             .field("outcome", &self.outcome)
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
-            .field("retry_after", &Duration::from_nanos(self.retry_after_ns))
+            .field("retry_after", &RetryAfter(self.retry_after()))
             .field("reset", &self.reset())
             .field("slot", &self.slot)
             .field("cost", &self.cost)

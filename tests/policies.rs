@@ -253,6 +253,80 @@ async fn non_http_requests_get_downcastable_error_values() {
     assert_eq!(err.to_string(), "inner failure");
 }
 
+/// A cost above the limit can never pass (`retry_after()` is `None`): the
+/// error's and the decision's `Debug`, which users log, must not say it could
+/// be retried at once (`retry_after: 0ns`).
+#[tokio::test(start_paused = true)]
+async fn a_cost_above_the_limit_is_not_logged_as_retry_now() {
+    let layer = SlidingWindowLayer::builder(|job: &(u32, u32)| Some(job.0))
+        .policy(policy("jobs", 2, Duration::from_secs(10)))
+        .cost(|job: &(u32, u32)| job.1)
+        .reject_with_errors()
+        .build()
+        .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_job: (u32, u32)| async move { Ok::<_, BoxError>(()) });
+    let err = svc.ready().await.unwrap().call((1, 3)).await.unwrap_err();
+    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    assert_eq!(limited.retry_after(), None);
+    assert_eq!(
+        err.to_string(),
+        "request cost exceeds the limit of policy \"jobs\""
+    );
+    for shown in [format!("{err:?}"), format!("{:?}", limited.decision())] {
+        assert!(shown.contains("retry_after: None"), "{shown}");
+        assert!(!shown.contains("retry_after: 0ns"), "{shown}");
+    }
+    // A denial that can pass later still shows its wait as a duration.
+    svc.ready().await.unwrap().call((1, 2)).await.unwrap();
+    let err = svc.ready().await.unwrap().call((1, 1)).await.unwrap_err();
+    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    let wait = limited.retry_after().unwrap();
+    assert!(
+        format!("{err:?}").contains(&format!("retry_after: {wait:?}")),
+        "{err:?}"
+    );
+}
+
+/// Error values and `Debug` output never hold the key (a client IP, an API
+/// key) without `log_keys`.
+#[tokio::test(start_paused = true)]
+async fn error_values_and_debug_output_never_hold_the_key() {
+    const KEY: &str = "sk-live-SECRET-203.0.113.77";
+    let check = |shown: String| assert!(!shown.contains("SECRET"), "key leaked: {shown}");
+    let layer = SlidingWindowLayer::builder(|key: &String| Some(key.clone()))
+        .policy(policy("keys", 1, Duration::from_secs(10)))
+        .reject_with_errors()
+        .build()
+        .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service_fn(|key: String| async move { Ok::<_, BoxError>(key) });
+    svc.ready().await.unwrap().call(KEY.into()).await.unwrap();
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(KEY.into())
+        .await
+        .unwrap_err();
+    let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+    check(format!(
+        "{err} {err:?} {:?} {layer:?} {svc:?}",
+        limited.decision()
+    ));
+
+    let limiter = Arc::new(Limiter::new(policy("keys", 1, Duration::from_secs(10))).unwrap());
+    limiter.check(&KEY.to_string());
+    let queues = Arc::new(tower_sliding_window::WaitQueues::new(
+        limiter.clone(),
+        tower_sliding_window::WaitConfig::bounded(Duration::from_secs(1), 1).unwrap(),
+    ));
+    let rejected = queues.acquire(KEY.to_string(), 1).await.unwrap_err();
+    check(format!("{limiter:?} {queues:?} {rejected} {rejected:?}"));
+}
+
 /// A store that answers later (like a remote one), wrapping a limiter, and
 /// counting how many times it was asked.
 #[derive(Clone)]
