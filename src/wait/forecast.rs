@@ -59,16 +59,22 @@ impl Window {
         }
     }
 
+    /// Where a search for the next admission starts: `now`, or the latest
+    /// admission when that is in `now`'s slot or later.
+    fn start(&self, now: u64) -> (u64, u64) {
+        let now_slot = self.g.slot(now);
+        if now_slot > self.slot {
+            (now_slot, now)
+        } else {
+            (self.slot, self.at.max(now))
+        }
+    }
+
     /// The earliest (slot, clock ns) at which `cost` more units fit, no earlier
     /// than `now` and than the latest admission. Nothing is changed.
     fn next(&self, cost: u32, now: u64) -> (u64, u64) {
         let (n, limit) = (self.g.buckets(), self.g.limit() as u64);
-        let now_slot = self.g.slot(now);
-        let (mut slot, mut at) = if now_slot > self.slot {
-            (now_slot, now)
-        } else {
-            (self.slot, self.at.max(now))
-        };
+        let (mut slot, mut at) = self.start(now);
         let mut used = self.used;
         let mut live = self.buckets.iter();
         let mut oldest = live.next();
@@ -100,12 +106,7 @@ impl Window {
             return self.next(cost, now).1;
         }
         let (n, limit, w) = (self.g.buckets(), self.g.limit() as u64, self.g.width());
-        let now_slot = self.g.slot(now);
-        let (mut slot, mut at) = if now_slot > self.slot {
-            (now_slot, now)
-        } else {
-            (self.slot, self.at.max(now))
-        };
+        let (mut slot, mut at) = self.start(now);
         let mut used = self.used;
         let mut live = self.buckets.iter();
         let mut oldest = live.next();
