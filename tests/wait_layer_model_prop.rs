@@ -32,13 +32,8 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_sliding_window::{OnLimit, Policy, SlidingWindowLayer};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Action {
-    Await,
-    DropAtOnce,
-    CancelAt(u64),
-    Pause(u64, u64),
-}
+mod wait_model;
+use wait_model::{drive, earliest, ms_since, Action, Geo};
 
 #[derive(Debug, Clone)]
 struct Arrival {
@@ -46,49 +41,6 @@ struct Arrival {
     key: u8,
     cost: u32,
     action: Action,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Geo {
-    limit: u32,
-    width: u64,
-    n: u64,
-}
-
-impl Geo {
-    fn slot(&self, t: u64) -> u64 {
-        t / self.width
-    }
-}
-
-fn fits(geos: &[Geo], records: &[(u64, u32)], t: u64, cost: u32) -> bool {
-    geos.iter().all(|g| {
-        let s = g.slot(t);
-        let used: u64 = records
-            .iter()
-            .filter(|&&(rt, _)| g.slot(rt) + g.n >= s)
-            .map(|&(_, c)| c as u64)
-            .sum();
-        used + cost as u64 <= g.limit as u64
-    })
-}
-
-fn earliest(geos: &[Geo], records: &[(u64, u32)], t0: u64, cost: u32) -> u64 {
-    let mut t = t0;
-    while !fits(geos, records, t, cost) {
-        t = geos
-            .iter()
-            .map(|g| (g.slot(t) + 1) * g.width)
-            .min()
-            .unwrap();
-    }
-    t
-}
-
-fn ms_since(start: Instant, t: Instant) -> u64 {
-    let d = t - start;
-    assert_eq!(d.subsec_nanos() % 1_000_000, 0, "instants on whole ms");
-    d.as_millis() as u64
 }
 
 /// The inner service: logs (request index, instant) of each call; not ready
@@ -220,23 +172,7 @@ async fn run(
         }
         let log = log.clone();
         tasks.push(tokio::spawn(async move {
-            let at = |ms: u64| start + Duration::from_millis(ms);
-            let response = match a.action {
-                Action::CancelAt(ms) => tokio::select! {
-                    biased;
-                    _ = sleep_until(at(ms)) => None,
-                    r = &mut response => Some(r),
-                },
-                Action::Pause(from, to) => tokio::select! {
-                    biased;
-                    _ = sleep_until(at(from)) => {
-                        sleep_until(at(to)).await;
-                        Some((&mut response).await)
-                    }
-                    r = &mut response => Some(r),
-                },
-                _ => Some((&mut response).await),
-            };
+            let response = drive(&mut response, a.action, start).await;
             let fin = match response {
                 Some(r) => Fin::Answered(ms_since(start, Instant::now()), r.unwrap().status()),
                 None => Fin::Cancelled,

@@ -34,17 +34,8 @@ use tower_sliding_window::{
     Limiter, Policy, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected,
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Action {
-    /// Await the waiter to the end.
-    Await,
-    /// Drop the waiter right after `acquire`, unpolled: must change nothing.
-    DropAtOnce,
-    /// Drop it at this instant (ms) if still pending then.
-    CancelAt(u64),
-    /// Stop polling it from the first instant to the second, then await it.
-    Pause(u64, u64),
-}
+mod wait_model;
+use wait_model::{drive, earliest, ms_since, Action, Geo};
 
 #[derive(Debug, Clone)]
 struct Req {
@@ -75,12 +66,6 @@ struct Obs {
     waiting: bool,
     expected: Option<u64>,
     fin: Fin,
-}
-
-fn ms_since(start: Instant, t: Instant) -> u64 {
-    let d = t - start;
-    assert_eq!(d.subsec_nanos() % 1_000_000, 0, "instants on whole ms");
-    d.as_millis() as u64
 }
 
 fn request(disturb: bool) -> impl Strategy<Value = Req> {
@@ -160,23 +145,7 @@ async fn run(
         }
         let log = log.clone();
         tasks.push(tokio::spawn(async move {
-            let at = |ms: u64| start + Duration::from_millis(ms);
-            let result = match r.action {
-                Action::CancelAt(ms) => tokio::select! {
-                    biased;
-                    _ = sleep_until(at(ms)) => None,
-                    result = &mut waiter => Some(result),
-                },
-                Action::Pause(from, to) => tokio::select! {
-                    biased;
-                    _ = sleep_until(at(from)) => {
-                        sleep_until(at(to)).await;
-                        Some((&mut waiter).await)
-                    }
-                    result = &mut waiter => Some(result),
-                },
-                _ => Some((&mut waiter).await),
-            };
+            let result = drive(&mut waiter, r.action, start).await;
             let now = ms_since(start, Instant::now());
             let fin = match result {
                 None => Fin::Cancelled,
@@ -204,37 +173,6 @@ struct KeyModel {
     records: Vec<(u64, u32)>,
     /// Admission instants of requests that queued on arrival.
     queued: Vec<u64>,
-}
-
-struct Geo {
-    limit: u32,
-    width: u64,
-    n: u64,
-}
-
-impl Geo {
-    fn slot(&self, t: u64) -> u64 {
-        t / self.width
-    }
-
-    fn fits(&self, records: &[(u64, u32)], t: u64, cost: u32) -> bool {
-        let s = self.slot(t);
-        let used: u64 = records
-            .iter()
-            .filter(|&&(rt, _)| self.slot(rt) + self.n >= s)
-            .map(|&(_, c)| c as u64)
-            .sum();
-        used + cost as u64 <= self.limit as u64
-    }
-
-    /// The earliest instant from `t0` at which `cost` more fits.
-    fn earliest(&self, records: &[(u64, u32)], t0: u64, cost: u32) -> u64 {
-        let mut t = t0;
-        while !self.fits(records, t, cost) {
-            t = (self.slot(t) + 1) * self.width;
-        }
-        t
-    }
 }
 
 fn check_model(
@@ -281,7 +219,7 @@ fn check_model(
         let strict = m.queued.iter().filter(|&&a| a > t).count();
         let tie = m.queued.iter().filter(|&&a| a == t).count();
         let last = m.records.last().map_or(0, |r| r.0);
-        let pred = geo.earliest(&m.records, t.max(last), r.cost);
+        let pred = earliest(std::slice::from_ref(geo), &m.records, t.max(last), r.cost);
         let wait = Duration::from_millis(pred - t);
         let (full_surely, full_maybe) = match max_queue {
             Some(q) => (strict >= q, strict + tie >= q),
