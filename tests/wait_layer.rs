@@ -77,6 +77,15 @@ fn waiting(limit: u32) -> SlidingWindowLayer<String, ByKey> {
         .unwrap()
 }
 
+/// A global limit of `limit` per 1.5 s, held back in `poll_ready`.
+fn backpressured(limit: u32) -> SlidingWindowLayer<(), GlobalKey> {
+    SlidingWindowLayer::builder(GlobalKey)
+        .policy(per(limit, 1500))
+        .on_limit(OnLimit::Backpressure)
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn waiting_requests_are_served_in_turn_and_a_too_long_wait_is_rejected_at_once() {
     let start = Instant::now();
@@ -195,11 +204,7 @@ async fn several_policies_admit_a_waiter_when_all_of_them_allow() {
 #[tokio::test(start_paused = true)]
 async fn every_clone_of_a_backpressured_service_makes_progress() {
     let start = Instant::now();
-    let layer = SlidingWindowLayer::builder(GlobalKey)
-        .policy(per(2, 1500))
-        .on_limit(OnLimit::Backpressure)
-        .build()
-        .unwrap();
+    let layer = backpressured(2);
     let served = Served::default();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
@@ -238,11 +243,7 @@ async fn every_clone_of_a_backpressured_service_makes_progress() {
 
 #[tokio::test(start_paused = true)]
 async fn a_reservation_not_used_by_call_is_given_back() {
-    let layer = SlidingWindowLayer::builder(GlobalKey)
-        .policy(per(1, 1500))
-        .on_limit(OnLimit::Backpressure)
-        .build()
-        .unwrap();
+    let layer = backpressured(1);
     let served = Served::default();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
@@ -277,11 +278,7 @@ async fn a_reservation_not_used_by_call_is_given_back() {
 #[tokio::test(start_paused = true)]
 async fn call_without_poll_ready_waits_its_turn_instead_of_panicking() {
     let start = Instant::now();
-    let layer = SlidingWindowLayer::builder(GlobalKey)
-        .policy(per(1, 1500))
-        .on_limit(OnLimit::Backpressure)
-        .build()
-        .unwrap();
+    let layer = backpressured(1);
     let served = Served::default();
     let mut svc = ServiceBuilder::new().layer(layer).service(inner(&served));
     let a = svc.call(request("1"));
@@ -383,11 +380,7 @@ async fn a_dry_run_never_holds_a_request_back() {
 async fn an_axum_app_with_backpressure_serves_every_request_in_turn() {
     use axum::{body::Body, routing::get, Router};
     let start = Instant::now();
-    let layer = SlidingWindowLayer::builder(GlobalKey)
-        .policy(per(2, 1500))
-        .on_limit(OnLimit::Backpressure)
-        .build()
-        .unwrap();
+    let layer = backpressured(2);
     let served = Served::default();
     let log = served.clone();
     let app = Router::new()
@@ -1238,11 +1231,7 @@ async fn a_renewed_request_is_woken_for_the_unit_a_request_polled_late_gives_bac
 async fn backpressure_ready_after_the_reserved_units_bucket_still_serves_the_next_call_in_turn() {
     // A global 2 per 1.5 s; the inner service takes one request at a time.
     let start = Instant::now();
-    let layer = SlidingWindowLayer::builder(GlobalKey)
-        .policy(per(2, 1500))
-        .on_limit(OnLimit::Backpressure)
-        .build()
-        .unwrap();
+    let layer = backpressured(2);
     let served = Served::default();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
