@@ -382,23 +382,29 @@ async fn a_connection_gone_silent_is_replaced_after_timeouts_in_a_row() {
     assert!(store.check_n(&"k", 1).await.unwrap().is_allowed());
     // The connection goes dark; Redis is up and reachable on a new one.
     proxy.cut();
+    let failures = failures_until_allowed(&store, Duration::from_secs(10)).await;
+    assert!(failures >= 3, "{failures}");
+    assert!(store.stats().timeouts >= 3);
+}
+
+/// After the connection went dark: check "k" until a check is decided (and
+/// allowed), failing the test if that takes `within`; the failures before it.
+async fn failures_until_allowed(store: &RedisStore, within: Duration) -> u32 {
     let started = Instant::now();
     let mut failures = 0;
     loop {
         match store.check_n(&"k", 1).await {
             Ok(d) => {
                 assert!(d.is_allowed());
-                break;
+                return failures;
             }
             Err(_) => failures += 1,
         }
         assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "still failing after {failures} timeouts: the silent connection was kept"
+            started.elapsed() < within,
+            "still failing after {failures} failures: the silent connection was kept"
         );
     }
-    assert!(failures >= 3, "{failures}");
-    assert!(store.stats().timeouts >= 3);
 }
 
 /// The configured timeout is the longest wait per decision: a Redis slower than
@@ -469,21 +475,7 @@ async fn a_connection_gone_silent_is_replaced_with_a_timeout_above_half_a_second
     assert!(store.check_n(&"k", 1).await.unwrap().is_allowed());
     // The connection goes dark; Redis is up and reachable on a new one.
     proxy.cut();
-    let started = Instant::now();
-    let mut failures = 0;
-    loop {
-        match store.check_n(&"k", 1).await {
-            Ok(d) => {
-                assert!(d.is_allowed());
-                break;
-            }
-            Err(_) => failures += 1,
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(8),
-            "still failing after {failures} failures: the silent connection was kept"
-        );
-    }
+    let failures = failures_until_allowed(&store, Duration::from_secs(8)).await;
     assert!(failures >= 3, "{failures}");
     assert!(store.stats().timeouts >= 3);
 }
