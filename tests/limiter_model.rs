@@ -206,6 +206,37 @@ impl SpanModel {
     }
 }
 
+/// A denial's `retry_after` `r` at `t` is exact: the same cost of `key` fits
+/// (by `peek`, which counts nothing) at `t + r` and not 1 ns earlier. Leaves
+/// the clock at `t`.
+fn retry_after_is_exact(
+    limiter: &Limiter<u8, ManualClock>,
+    clock: &ManualClock,
+    key: u8,
+    cost: u32,
+    t: u64,
+    r: u64,
+) -> Result<(), TestCaseError> {
+    clock.set(t + r);
+    prop_assert!(
+        limiter.peek(&key, cost).is_allowed(),
+        "not allowed {} ns after {}",
+        r,
+        t
+    );
+    if r > 1 {
+        clock.set(t + r - 1);
+        prop_assert!(
+            !limiter.peek(&key, cost).is_allowed(),
+            "allowed before {} ns after {}",
+            r,
+            t
+        );
+    }
+    clock.set(t);
+    Ok(())
+}
+
 fn observed(d: &Decision) -> Expected {
     Expected {
         outcome: d.outcome(),
@@ -337,13 +368,7 @@ fn run(g: Geometry, trace: &[Arrival]) -> Result<Run, TestCaseError> {
         } else {
             let r = d.retry_after().unwrap().as_nanos() as u64;
             // Exact: at `t + r` the same cost fits, one nanosecond earlier it does not.
-            clock.set(t + r);
-            prop_assert!(limiter.peek(&key, cost as u32).is_allowed());
-            if r > 1 {
-                clock.set(t + r - 1);
-                prop_assert!(!limiter.peek(&key, cost as u32).is_allowed());
-            }
-            clock.set(t);
+            retry_after_is_exact(&limiter, &clock, key, cost as u32, t, r)?;
             last_denial = Some((key, t + r));
         }
     }
@@ -637,13 +662,7 @@ proptest! {
             } else {
                 prop_assert_eq!(d.outcome(), Outcome::Denied);
                 let r = d.retry_after().unwrap().as_nanos() as u64;
-                clock.set(t + r);
-                prop_assert!(limiter.peek(&key, cost).is_allowed(), "not allowed after {}", r);
-                if r > 1 {
-                    clock.set(t + r - 1);
-                    prop_assert!(!limiter.peek(&key, cost).is_allowed(), "allowed before {}", r);
-                }
-                clock.set(t);
+                retry_after_is_exact(&limiter, &clock, key, cost, t, r)?;
             }
         }
         let stats = limiter.stats();
@@ -879,23 +898,7 @@ fn run_edges(g: Geometry, trace: &[EdgeStep]) -> Result<(), TestCaseError> {
                         // The limiter's time stands still there (documented).
                         return Ok(());
                     }
-                    clock.set(t + r);
-                    prop_assert!(
-                        limiter.peek(&0, cost as u32).is_allowed(),
-                        "step {}: not allowed after {}",
-                        i,
-                        r
-                    );
-                    if r > 1 {
-                        clock.set(t + r - 1);
-                        prop_assert!(
-                            !limiter.peek(&0, cost as u32).is_allowed(),
-                            "step {}: allowed before {}",
-                            i,
-                            r
-                        );
-                    }
-                    clock.set(t);
+                    retry_after_is_exact(&limiter, &clock, 0, cost as u32, t, r)?;
                 }
                 decisions.push(d);
             }
@@ -1087,23 +1090,7 @@ fn run_held(g: Geometry, trace: &[HeldStep]) -> Result<(), TestCaseError> {
                 if d.outcome() == Outcome::Denied {
                     // Peeks sweep nothing: the model's state stands.
                     let r = d.retry_after().unwrap().as_nanos() as u64;
-                    clock.set(t + r);
-                    prop_assert!(
-                        limiter.peek(&0, cost as u32).is_allowed(),
-                        "step {}: not allowed after {}",
-                        i,
-                        r
-                    );
-                    if r > 1 {
-                        clock.set(t + r - 1);
-                        prop_assert!(
-                            !limiter.peek(&0, cost as u32).is_allowed(),
-                            "step {}: allowed before {}",
-                            i,
-                            r
-                        );
-                    }
-                    clock.set(t);
+                    retry_after_is_exact(&limiter, &clock, 0, cost as u32, t, r)?;
                 }
                 decisions.push(d);
             }
@@ -1221,13 +1208,7 @@ proptest! {
             } else {
                 prop_assert_eq!(d.outcome(), Outcome::Denied);
                 let r = d.retry_after().unwrap().as_nanos() as u64;
-                clock.set(t + r);
-                prop_assert!(limiter.peek(&key, cost).is_allowed(), "not allowed after {}: {:?}", r, d);
-                if r > 1 {
-                    clock.set(t + r - 1);
-                    prop_assert!(!limiter.peek(&key, cost).is_allowed(), "allowed before {}: {:?}", r, d);
-                }
-                clock.set(t);
+                retry_after_is_exact(&limiter, &clock, key, cost, t, r)?;
             }
         }
         clock.set(t + 100 * g.window);
