@@ -151,6 +151,13 @@ pub struct Limiter<K, C = AutoClock> {
     next_sweep_at: AtomicU64,
     /// Like `next_sweep_at`, for the sweep a new key makes at the cap.
     full_sweep_at: AtomicU64,
+    /// `first_in_bucket` fires while `now - due` (mod 2^64) is below this:
+    /// `now` at or past `due`, or more than a span (N + 1 buckets, plus the
+    /// bucket `due` runs ahead) before it, where the clock was set back. The
+    /// sweep is then due at once, not once the clock has caught up again.
+    /// (`Geometry::hold` keeps `now` below `2^64 - (N + 2) widths`, so the two
+    /// ranges never meet.)
+    due_or_set_back: u64,
     sweep_cursor: AtomicUsize,
     /// The newest clock reading any sweep judged idleness at. A ring created after
     /// its key was evicted starts no earlier, so a check that read the clock before
@@ -225,6 +232,7 @@ impl<C> LimiterBuilder<C> {
             keys: AtomicUsize::new(0),
             next_sweep_at: AtomicU64::new(next_sweep_at),
             full_sweep_at: AtomicU64::new(0),
+            due_or_set_back: ((geometry.span_slots() + 1) * geometry.width()).wrapping_neg(),
             sweep_cursor: AtomicUsize::new(0),
             swept_at: AtomicU64::new(now),
             overflow_marks: (0..OVERFLOW_MARKS).map(|_| AtomicU64::new(0)).collect(),
@@ -569,11 +577,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 
     /// True for the first caller at or after the instant `due` holds, which
     /// moves it on to the start of the next slot: once per bucket width.
-    /// `now >= due` is `slot(now) >= due's slot` without the division.
+    /// `now >= due` is `slot(now) >= due's slot` without the division. Also
+    /// for the first caller after the clock was set back more than a span:
+    /// else no sweep would run until the clock passed `due` again, and keys
+    /// idle by the clock's reading would stay (at the cap, new keys would
+    /// overflow) for as long as the clock was set back.
     #[inline]
     fn first_in_bucket(&self, due: &AtomicU64, now: u64) -> bool {
         let at = due.load(Relaxed);
-        now >= at
+        now.wrapping_sub(at) < self.due_or_set_back
             && due
                 .compare_exchange(
                     at,
