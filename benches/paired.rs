@@ -8,15 +8,19 @@
 //! order, and the ratio is taken within the round; the table gives the median
 //! round and the 10th–90th percentile range.
 //!
-//! Run: `cargo bench --bench paired` (about 40 s). Contenders and workloads are
+//! Run: `cargo bench --bench paired` (about 50 s). Contenders and workloads are
 //! those of `benches/limiter.rs` (`support/limiters.rs`): ours on its default
-//! clock, governor's keyed limiter on its own; u64 keys.
+//! clock, governor's keyed limiter on its own; u64 keys. Each on its default
+//! hasher (ours foldhash, governor std's SipHash), and a second table repeats
+//! the four single-thread rows against governor on foldhash, the same hasher.
 
 #[path = "support/limiters.rs"]
 mod limiters;
 mod support;
 
-use limiters::{governor, ours, ours_on, run_one, run_parallel, warm, Check, Load, KEYS};
+use limiters::{
+    governor, governor_foldhash, ours, ours_on, run_one, run_parallel, warm, Check, Load, KEYS,
+};
 use support::Keys;
 use tower_sliding_window::ManualClock;
 
@@ -64,8 +68,8 @@ fn rounds(mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f64) -> Vec<(f64, f
         .collect()
 }
 
-fn versus(name: &str, load: Load, keys: Keys, target: &str) {
-    let (o, g) = (ours(load), governor(load));
+fn versus<G: Check>(name: &str, load: Load, keys: Keys, target: &str, gov: fn(Load) -> G) {
+    let (o, g) = (ours(load), gov(load));
     warm(&o, keys, 1);
     warm(&g, keys, 1);
     let pairs = rounds(|| chunk(&o, 1, keys), || chunk(&g, 1, keys));
@@ -130,21 +134,70 @@ fn main() {
         "| workload | ours | governor | ours / governor, median round | 10th–90th pct | target |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
+    let range = Keys::OwnRange(KEYS);
     versus(
         "1 thread, hot key, allowed",
         Load::Allowed,
         Keys::One,
         "≤ 0.5×",
+        governor,
     );
-    versus("1 thread, hot key, denied", Load::Denied, Keys::One, "");
-    let range = Keys::OwnRange(KEYS);
+    versus(
+        "1 thread, hot key, denied",
+        Load::Denied,
+        Keys::One,
+        "",
+        governor,
+    );
     versus(
         "1 thread, 100k keys, allowed",
         Load::Allowed,
         range,
         "≤ 0.6×",
+        governor,
     );
-    versus("1 thread, 100k keys, denied", Load::Denied, range, "");
+    versus(
+        "1 thread, 100k keys, denied",
+        Load::Denied,
+        range,
+        "",
+        governor,
+    );
+    println!();
+    println!("The same against governor on foldhash (ours' hasher; its default is SipHash):");
+    println!();
+    println!(
+        "| workload | ours | governor, foldhash | ours / governor, median round | 10th–90th pct | target |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    versus(
+        "1 thread, hot key, allowed",
+        Load::Allowed,
+        Keys::One,
+        "",
+        governor_foldhash,
+    );
+    versus(
+        "1 thread, hot key, denied",
+        Load::Denied,
+        Keys::One,
+        "",
+        governor_foldhash,
+    );
+    versus(
+        "1 thread, 100k keys, allowed",
+        Load::Allowed,
+        range,
+        "",
+        governor_foldhash,
+    );
+    versus(
+        "1 thread, 100k keys, denied",
+        Load::Denied,
+        range,
+        "",
+        governor_foldhash,
+    );
     println!();
     println!("| 2 threads against 1, throughput | ours | governor | target |");
     println!("|---|---:|---:|---:|");

@@ -6,7 +6,10 @@
 #![allow(dead_code)]
 
 use crate::support::{Cursor, Keys};
+use governor::clock::DefaultClock;
+use governor::state::keyed::DashMapStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
@@ -27,7 +30,11 @@ impl<C: Clock> Check for Limiter<u64, C> {
     }
 }
 
-impl Check for DefaultKeyedRateLimiter<u64> {
+/// Governor's keyed limiter on any hasher: its default (std's SipHash,
+/// `DefaultKeyedRateLimiter`) or ours (foldhash, [`governor_foldhash`]).
+impl<S: BuildHasher + Clone + Send + Sync> Check
+    for RateLimiter<u64, DashMapStateStore<u64, S>, DefaultClock>
+{
     #[inline]
     fn check(&self, key: &u64) -> bool {
         self.check_key(key).is_ok()
@@ -74,12 +81,29 @@ pub fn ours_on<C: Clock>(load: Load, clock: C) -> Limiter<u64, C> {
         .unwrap()
 }
 
-pub fn governor(load: Load) -> DefaultKeyedRateLimiter<u64> {
-    let quota = match load {
+fn quota(load: Load) -> Quota {
+    match load {
         Load::Allowed => Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
         Load::Denied => Quota::per_hour(NonZeroU32::new(1).unwrap()),
-    };
-    RateLimiter::keyed(quota)
+    }
+}
+
+/// Governor as `RateLimiter::keyed` builds it: its default clock (quanta) and
+/// std's default hasher (SipHash-1-3).
+pub fn governor(load: Load) -> DefaultKeyedRateLimiter<u64> {
+    RateLimiter::keyed(quota(load))
+}
+
+/// A control: governor on the hasher ours uses (foldhash), its clock unchanged.
+/// Hashing a u64 with SipHash is about half of governor's default check.
+pub fn governor_foldhash(
+    load: Load,
+) -> RateLimiter<u64, DashMapStateStore<u64, foldhash::fast::RandomState>, DefaultClock> {
+    RateLimiter::dashmap_with_clock_and_hasher(
+        quota(load),
+        DefaultClock::default(),
+        Default::default(),
+    )
 }
 
 /// Track every key the workload uses before measuring.
