@@ -9,20 +9,25 @@ use tower_sliding_window::{Limiter, ManualClock, Policy};
 const PARTITION: usize = 4096;
 const HOUR: u64 = 3_600_000_000_000;
 
+/// A limiter of 10 per second holding `max_keys` keys, each checked once at 0.
+fn full(max_keys: usize) -> (Limiter<u64, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder(Policy::per(10, Duration::from_secs(1)).unwrap())
+        .clock(clock.clone())
+        .max_keys(max_keys)
+        .build()
+        .unwrap();
+    for key in 0..max_keys as u64 {
+        assert!(limiter.check(&key).is_allowed());
+    }
+    (limiter, clock)
+}
+
 #[test]
 fn idle_keys_are_still_evicted_by_the_limiter_after_the_clock_is_set_back() {
     // Two partitions, full.
     const MAX_KEYS: usize = 2 * PARTITION;
-    let clock = ManualClock::new();
-    let limiter: Limiter<u64, ManualClock> =
-        Limiter::builder(Policy::per(10, Duration::from_secs(1)).unwrap())
-            .clock(clock.clone())
-            .max_keys(MAX_KEYS)
-            .build()
-            .unwrap();
-    for key in 0..MAX_KEYS as u64 {
-        assert!(limiter.check(&key).is_allowed());
-    }
+    let (limiter, clock) = full(MAX_KEYS);
     // One check an hour on sweeps one partition: the other's keys stay.
     clock.set(HOUR);
     assert!(limiter.check(&0).is_allowed());
@@ -51,16 +56,7 @@ fn idle_keys_are_still_evicted_by_the_limiter_after_the_clock_is_set_back() {
 fn at_the_cap_keys_idle_since_before_a_set_back_make_room_for_new_ones() {
     // Four partitions, full.
     const MAX_KEYS: usize = 4 * PARTITION;
-    let clock = ManualClock::new();
-    let limiter: Limiter<u64, ManualClock> =
-        Limiter::builder(Policy::per(10, Duration::from_secs(1)).unwrap())
-            .clock(clock.clone())
-            .max_keys(MAX_KEYS)
-            .build()
-            .unwrap();
-    for key in 0..MAX_KEYS as u64 {
-        assert!(limiter.check(&key).is_allowed());
-    }
+    let (limiter, clock) = full(MAX_KEYS);
     // An hour on, a new key finds the limiter full: it sweeps one partition
     // for room (and its check, the bucket's first, one more). The other two
     // partitions' keys stay.

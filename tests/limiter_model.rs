@@ -684,7 +684,7 @@ fn edge_cases(default: u32) -> u32 {
 /// Geometries at the ring's edges: 1, 2 and 15 buckets (rings of 2, 3 and 16,
 /// inline), 16-17 (boxed, positions by division), 63-65 (the stack array of a
 /// denial and the allocation beyond it) and 127-130; bucket widths from 1 ns;
-/// limits from 1 to `u32::MAX`.
+/// limits from 1 to `u32::MAX`; strict or interpolated.
 fn edge_geometry() -> impl Strategy<Value = Geometry> {
     let n = prop_oneof![
         Just(1u32),
@@ -701,10 +701,13 @@ fn edge_geometry() -> impl Strategy<Value = Geometry> {
         1 => (1u32 << 31)..=(1 << 31) + 2,
     ];
     let per_bucket = prop_oneof![Just(1u64), 1..=3u64, 1..=2_000u64];
-    (n, limit, per_bucket, 0..2u64).prop_map(|(n, limit, per_bucket, uneven)| {
-        let window = n as u64 * per_bucket - uneven * (per_bucket - 1).min(n as u64 / 2);
-        Geometry::new(n, limit, window, Precision::Strict)
-    })
+    let precision = prop_oneof![Just(Precision::Strict), Just(Precision::Interpolated)];
+    (n, limit, per_bucket, 0..2u64, precision).prop_map(
+        |(n, limit, per_bucket, uneven, precision)| {
+            let window = n as u64 * per_bucket - uneven * (per_bucket - 1).min(n as u64 / 2);
+            Geometry::new(n, limit, window, precision)
+        },
+    )
 }
 
 /// One step of an edge trace on one key.
@@ -954,13 +957,8 @@ proptest! {
     #[test]
     fn edges_match_the_span_model(
         g in edge_geometry(),
-        interpolated in any::<bool>(),
         trace in prop::collection::vec(edge_step(), 1..200),
     ) {
-        let mut g = g;
-        if interpolated {
-            g.precision = Precision::Interpolated;
-        }
         run_edges(g, &trace)?;
     }
 }
@@ -1130,13 +1128,8 @@ proptest! {
     #[test]
     fn edges_with_a_clock_stepping_back_match_the_held_model(
         g in edge_geometry(),
-        interpolated in any::<bool>(),
         trace in prop::collection::vec(held_step(), 1..200),
     ) {
-        let mut g = g;
-        if interpolated {
-            g.precision = Precision::Interpolated;
-        }
         run_held(g, &trace)?;
     }
 }
@@ -1148,14 +1141,9 @@ proptest! {
     #[test]
     fn edges_across_evictions_the_key_cap_and_a_clock_stepping_back(
         g in edge_geometry(),
-        interpolated in any::<bool>(),
         max_keys in 1..=3usize,
         trace in prop::collection::vec((step(), any::<u32>(), 0..3u8), 1..300),
     ) {
-        let mut g = g;
-        if interpolated {
-            g.precision = Precision::Interpolated;
-        }
         let (limiter, clock) = g.limiter_tracking(max_keys);
         let mut recorded: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); KEYS as usize + 3];
         let mut decisions: Vec<(u8, Decision)> = Vec::new();
