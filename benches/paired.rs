@@ -128,76 +128,48 @@ fn scaling_by_position() {
     );
 }
 
-fn main() {
-    // `cargo bench` passes `--bench`; filters are not supported here.
-    println!(
-        "| workload | ours | governor | ours / governor, median round | 10th–90th pct | target |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|");
-    let range = Keys::OwnRange(KEYS);
-    versus(
+/// The single-thread workloads: name, load, keys, target.
+const SINGLE_THREAD: [(&str, Load, Keys, &str); 4] = [
+    (
         "1 thread, hot key, allowed",
         Load::Allowed,
         Keys::One,
         "≤ 0.5×",
-        governor,
-    );
-    versus(
-        "1 thread, hot key, denied",
-        Load::Denied,
-        Keys::One,
-        "",
-        governor,
-    );
-    versus(
+    ),
+    ("1 thread, hot key, denied", Load::Denied, Keys::One, ""),
+    (
         "1 thread, 100k keys, allowed",
         Load::Allowed,
-        range,
+        Keys::OwnRange(KEYS),
         "≤ 0.6×",
-        governor,
-    );
-    versus(
+    ),
+    (
         "1 thread, 100k keys, denied",
         Load::Denied,
-        range,
+        Keys::OwnRange(KEYS),
         "",
-        governor,
+    ),
+];
+
+/// One table of the single-thread workloads against `gov`, headed `gov_name`;
+/// the targets (ratios to governor's default) only where `targets`.
+fn single_thread_table<G: Check>(gov_name: &str, gov: fn(Load) -> G, targets: bool) {
+    println!(
+        "| workload | ours | {gov_name} | ours / governor, median round | 10th–90th pct | target |"
     );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, load, keys, target) in SINGLE_THREAD {
+        versus(name, load, keys, if targets { target } else { "" }, gov);
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; filters are not supported here.
+    single_thread_table("governor", governor, true);
     println!();
     println!("The same against governor on foldhash (ours' hasher; its default is SipHash):");
     println!();
-    println!(
-        "| workload | ours | governor, foldhash | ours / governor, median round | 10th–90th pct | target |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|");
-    versus(
-        "1 thread, hot key, allowed",
-        Load::Allowed,
-        Keys::One,
-        "",
-        governor_foldhash,
-    );
-    versus(
-        "1 thread, hot key, denied",
-        Load::Denied,
-        Keys::One,
-        "",
-        governor_foldhash,
-    );
-    versus(
-        "1 thread, 100k keys, allowed",
-        Load::Allowed,
-        range,
-        "",
-        governor_foldhash,
-    );
-    versus(
-        "1 thread, 100k keys, denied",
-        Load::Denied,
-        range,
-        "",
-        governor_foldhash,
-    );
+    single_thread_table("governor, foldhash", governor_foldhash, false);
     println!();
     println!("| 2 threads against 1, throughput | ours | governor | target |");
     println!("|---|---:|---:|---:|");
@@ -210,7 +182,7 @@ fn main() {
     scaling_by_position();
     scaling_row(
         "each its own 50k keys, against 100k keys",
-        range,
+        Keys::OwnRange(KEYS),
         Keys::OwnRange(KEYS / 2),
         "",
     );
