@@ -83,10 +83,11 @@ def main():
 
     map_groups = sorted({g for g, _ in est if g.startswith("map_")})
     if map_groups:
-        print("| map workload | dashmap ns/iter | dashmap_partitioned ns/iter | papaya ns/iter |")
-        print("|---|---|---|---|")
+        maps = ("dashmap", "dashmap_partitioned", "papaya", "scc_hash_index")
+        print("| map workload | " + " | ".join(f"{m} ns/iter" for m in maps) + " |")
+        print("|---|" + "---|" * len(maps))
         for g in map_groups:
-            cells = [est.get((g, m)) for m in ("dashmap", "dashmap_partitioned", "papaya")]
+            cells = [est.get((g, m)) for m in maps]
             print(f"| {g} | " + " | ".join(f"{c:.1f}" if c else "–" for c in cells) + " |")
 
 
