@@ -21,8 +21,45 @@ mod support;
 use limiters::{
     governor, governor_foldhash, ours, ours_on, run_one, run_parallel, warm, Check, Load, KEYS,
 };
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use support::Keys;
-use tower_sliding_window::ManualClock;
+use tower_sliding_window::{Clock, CoarseClock, ManualClock};
+
+/// The least a check can cost on the map ours keeps its rings in: the
+/// coarse clock read, a papaya lookup (foldhash, as ours) of a ring-sized
+/// value, and one compare-and-swap on a word of it chosen by the time, as a
+/// strict check's admission needs. No window logic, no decision, no stats.
+struct Floor {
+    map: papaya::HashMap<u64, [AtomicU64; 18], foldhash::fast::RandomState>,
+    clock: CoarseClock,
+}
+
+impl Floor {
+    fn new(_: Load) -> Floor {
+        Floor {
+            map: papaya::HashMap::builder()
+                .capacity(2 * KEYS as usize)
+                .hasher(Default::default())
+                .build(),
+            clock: CoarseClock::new(),
+        }
+    }
+}
+
+impl Check for Floor {
+    #[inline]
+    fn check(&self, key: &u64) -> bool {
+        let now = self.clock.now_nanos();
+        let map = self.map.pin();
+        let Some(ring) = map.get(key) else {
+            map.insert(*key, Default::default());
+            return true;
+        };
+        let cell = &ring[2 + (now >> 26) as usize % 16];
+        let old = cell.load(SeqCst);
+        cell.compare_exchange(old, old + 1, SeqCst, SeqCst).is_ok()
+    }
+}
 
 const ROUNDS: usize = 41;
 /// Checks per thread in one chunk: tens of milliseconds, several passes over
@@ -68,7 +105,15 @@ fn rounds(mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f64) -> Vec<(f64, f
         .collect()
 }
 
-fn versus<G: Check>(name: &str, load: Load, keys: Keys, target: &str, gov: fn(Load) -> G) {
+/// One row: `ours` (or another contender) against `gov` on one workload.
+fn versus<O: Check, G: Check>(
+    name: &str,
+    load: Load,
+    keys: Keys,
+    target: &str,
+    ours: fn(Load) -> O,
+    gov: fn(Load) -> G,
+) {
     let (o, g) = (ours(load), gov(load));
     warm(&o, keys, 1);
     warm(&g, keys, 1);
@@ -159,7 +204,14 @@ fn single_thread_table<G: Check>(gov_name: &str, gov: fn(Load) -> G, targets: bo
     );
     println!("|---|---:|---:|---:|---:|---:|");
     for (name, load, keys, target) in SINGLE_THREAD {
-        versus(name, load, keys, if targets { target } else { "" }, gov);
+        versus(
+            name,
+            load,
+            keys,
+            if targets { target } else { "" },
+            ours,
+            gov,
+        );
     }
 }
 
@@ -170,6 +222,21 @@ fn main() {
     println!("The same against governor on foldhash (ours' hasher; its default is SipHash):");
     println!();
     single_thread_table("governor, foldhash", governor_foldhash, false);
+    println!();
+    println!(
+        "The floor: a papaya lookup, a coarse clock read and one CAS in the value, \
+         nothing else (no limiter could do less with this map), against governor's default:"
+    );
+    println!();
+    println!(
+        "| workload | floor | governor | floor / governor, median round | 10th–90th pct | target |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, load, keys, target) in SINGLE_THREAD {
+        if matches!(load, Load::Allowed) {
+            versus(name, load, keys, target, Floor::new, governor);
+        }
+    }
     println!();
     println!("| 2 threads against 1, throughput | ours | governor | target |");
     println!("|---|---:|---:|---:|");
