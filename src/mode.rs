@@ -51,8 +51,12 @@ pub(crate) mod sealed {
     {
         fn map_error(error: S::Error) -> Self::Error;
 
-        /// The headers for a forwarded request, if this mode writes any.
-        fn allowed_headers(&self, report: &Report<'_>) -> Option<RateLimitHeaders>;
+        /// The headers for a forwarded request, if this mode writes any. The
+        /// report is built only then: most layers write none on success.
+        fn allowed_headers<'r>(
+            &self,
+            report: impl FnOnce() -> Report<'r>,
+        ) -> Option<RateLimitHeaders>;
 
         fn reject(
             &self,
@@ -213,12 +217,16 @@ where
         error
     }
 
-    fn allowed_headers(&self, report: &Report<'_>) -> Option<RateLimitHeaders> {
+    #[inline]
+    fn allowed_headers<'r>(&self, report: impl FnOnce() -> Report<'r>) -> Option<RateLimitHeaders> {
         let o = &self.options;
+        if !(o.on_allowed && (o.ietf || o.legacy)) {
+            return None;
+        }
+        let report = report();
         // A decision a store made without asking (failing open) says nothing
         // about the key: no fields rather than a full quota that is not known.
-        (o.on_allowed && (o.ietf || o.legacy) && !report.decision.is_unchecked())
-            .then(|| RateLimitHeaders::new(o, report, false))
+        (!report.decision.is_unchecked()).then(|| RateLimitHeaders::new(o, &report, false))
     }
 
     fn reject(
@@ -289,7 +297,11 @@ where
         error.into()
     }
 
-    fn allowed_headers(&self, _report: &Report<'_>) -> Option<RateLimitHeaders> {
+    #[inline]
+    fn allowed_headers<'r>(
+        &self,
+        _report: impl FnOnce() -> Report<'r>,
+    ) -> Option<RateLimitHeaders> {
         None
     }
 

@@ -64,6 +64,9 @@ pub struct SlidingWindow<
     pub(crate) layer: SlidingWindowLayer<K, X, St, M, Co, Ex>,
     /// `OnLimit::Backpressure`: the unit `poll_ready` reserved for `call`.
     pub(crate) ready: Option<crate::waiting::BoxedReady<K, X, St, M, Co, Ex>>,
+    /// `OnLimit::Backpressure` (and not a dry run): `poll_ready` reserves.
+    /// Kept here so that every other layer's `poll_ready` reads no shared state.
+    backpressure: bool,
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
@@ -71,6 +74,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
     pub fn new(inner: S, layer: SlidingWindowLayer<K, X, St, M, Co, Ex>) -> Self {
         SlidingWindow {
             inner,
+            backpressure: layer.shared.reserve_key.is_some(),
             layer,
             ready: None,
         }
@@ -104,6 +108,7 @@ impl<S: Clone, K, X, St, M, Co, Ex> Clone for SlidingWindow<S, K, X, St, M, Co, 
             layer: self.layer.clone(),
             // A clone starts without a reservation.
             ready: None,
+            backpressure: self.backpressure,
         }
     }
 }
@@ -146,14 +151,14 @@ pub(crate) enum Action<T, E> {
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
-    /// `OnLimit::Backpressure`, a unit reserved: the inner service's readiness.
-    /// A unit reserved in a bucket that passed before the inner service was
-    /// ready is renewed first, ahead of the waiters behind it (it was reserved
-    /// before them), so that `call` spends a current one; the renewal may wait,
-    /// keeping the inner service's readiness (a `ConcurrencyLimit` permit, say).
-    #[cold]
+    /// `OnLimit::Backpressure`: ready once a unit is reserved for the next
+    /// call and the inner service is ready. A unit reserved in a bucket that
+    /// passed before the inner service was ready is renewed first, ahead of the
+    /// waiters behind it (it was reserved before them), so that `call` spends a
+    /// current one; the renewal may wait, keeping the inner service's readiness
+    /// (a `ConcurrencyLimit` permit, say).
     #[inline(never)]
-    fn poll_inner_ready_reserved<Req>(
+    fn poll_ready_reserving<Req>(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), <Self as Service<Req>>::Error>>
@@ -168,14 +173,14 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
         Ex: Send + Sync + 'static,
     {
         loop {
+            if crate::waiting::poll_reserve(self, cx).is_pending() {
+                return Poll::Pending;
+            }
             if let Err(error) = std::task::ready!(self.inner.poll_ready(cx)) {
                 return Poll::Ready(Err(M::map_error(error)));
             }
             if !crate::waiting::renew_stale(self) {
                 return Poll::Ready(Ok(()));
-            }
-            if crate::waiting::poll_reserve(self, cx).is_pending() {
-                return Poll::Pending;
             }
         }
     }
@@ -201,11 +206,8 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Backpressure: ready once a unit is reserved for the next call; other
         // modes never hold a request back here.
-        if crate::waiting::poll_reserve(self, cx).is_pending() {
-            return Poll::Pending;
-        }
-        if self.ready.is_some() {
-            return self.poll_inner_ready_reserved(cx);
+        if self.backpressure {
+            return self.poll_ready_reserving(cx);
         }
         self.inner.poll_ready(cx).map_err(M::map_error)
     }
@@ -251,7 +253,7 @@ where
         if let [limit] = &shared.limits[..] {
             match limit.store.check_now(&key, cost) {
                 Some(Ok(d)) if d.is_allowed() => {
-                    let headers = shared.mode.allowed_headers(&shared.report(0, d));
+                    let headers = shared.mode.allowed_headers(|| shared.report(0, d));
                     return ResponseFuture::forwarded(self.inner.call(req), headers);
                 }
                 answer => first = Some(answer),
@@ -482,7 +484,7 @@ where
         shared.report(i, decision)
     };
     match verdict {
-        Verdict::Allowed(i) => Action::Forward(shared.mode.allowed_headers(&report(i))),
+        Verdict::Allowed(i) => Action::Forward(shared.mode.allowed_headers(|| report(i))),
         Verdict::Limited(i) => {
             let report = report(i);
             let name = &shared.limits[i].name;
@@ -498,7 +500,7 @@ where
                         tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit (dry run): would reject")
                     }
                 }
-                return Action::Forward(shared.mode.allowed_headers(&report));
+                return Action::Forward(shared.mode.allowed_headers(|| report));
             }
             match shared.loggable_key(key) {
                 Some(key) => {

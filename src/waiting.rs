@@ -176,9 +176,8 @@ where
 }
 
 /// `OnLimit::Backpressure`: `Pending` until a unit is reserved for the next
-/// call. Ready at once in every other mode (tested inline: every request of
-/// every layer passes here).
-#[inline]
+/// call. Ready at once in every other mode (`poll_ready` only calls it under
+/// backpressure).
 pub(crate) fn poll_reserve<S, K, X, St, M, Co, Ex>(
     svc: &mut SlidingWindow<S, K, X, St, M, Co, Ex>,
     cx: &mut Context<'_>,
