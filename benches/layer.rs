@@ -11,12 +11,16 @@
 //! - `*_rejected`: every request but the first is rejected (1 per hour): ours
 //!   answers a 429 with `Retry-After`, `RateLimit` and `RateLimit-Policy`,
 //!   tower_governor a 429 with its own headers.
+//!
+//! Both layers key by one global key, except in `layer_allowed_peer_ip`: there
+//! each request carries axum's `ConnectInfo` (127.0.0.1) and both key by the
+//! peer's IP (tower_governor's default extractor), so each hashes an address.
 
 #[path = "support/layers.rs"]
 mod layers;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use layers::{governor, inner, ours, run, runtime};
+use layers::{governor, governor_peer_ip, inner, ours, ours_peer_ip, run, runtime, Keys};
 use std::time::Duration;
 use tower::Layer;
 
@@ -25,18 +29,32 @@ fn layers(c: &mut Criterion) {
     for (name, limit) in [("layer_allowed", u32::MAX), ("layer_rejected", 1)] {
         let mut group = c.benchmark_group(name);
         group.throughput(Throughput::Elements(1));
-        group.bench_function("none", |b| b.iter_custom(|n| run(&rt, inner(), n)));
+        let keys = Keys::Global;
+        group.bench_function("none", |b| b.iter_custom(|n| run(&rt, inner(), keys, n)));
         // Built inside the runtime, as in a server.
         let layer = rt.block_on(async { ours(limit) });
         group.bench_function("ours", |b| {
-            b.iter_custom(|n| run(&rt, layer.layer(inner()), n))
+            b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
         });
         let layer = governor(limit);
         group.bench_function("tower_governor", |b| {
-            b.iter_custom(|n| run(&rt, layer.layer(inner()), n))
+            b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
         });
         group.finish();
     }
+    let mut group = c.benchmark_group("layer_allowed_peer_ip");
+    group.throughput(Throughput::Elements(1));
+    let keys = Keys::PeerIp;
+    group.bench_function("none", |b| b.iter_custom(|n| run(&rt, inner(), keys, n)));
+    let layer = rt.block_on(async { ours_peer_ip(u32::MAX) });
+    group.bench_function("ours", |b| {
+        b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
+    });
+    let layer = governor_peer_ip(u32::MAX);
+    group.bench_function("tower_governor", |b| {
+        b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
+    });
+    group.finish();
 }
 
 fn config() -> Criterion {

@@ -8,7 +8,8 @@
 //!
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
 //! `ours-hot-auto` (the default clock), `layer-{none,ours,governor}[-rejected]`
-//! (requests through the tower layers, as in `benches/layer.rs`), `nothing`.
+//! and `layer-{none,ours,governor}-peer-ip` (requests through the tower layers,
+//! as in `benches/layer.rs`), `nothing`.
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
 //! move), except `ours-hot-tokio`, so the clock's share can be told apart.
 
@@ -17,7 +18,7 @@ mod layers;
 
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
-use layers::inner;
+use layers::{inner, Keys};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -71,12 +72,12 @@ fn governor(denied: bool, keys: u64, iters: u64) {
 }
 
 /// `iters` requests through `svc`, one after another (as in `benches/layer.rs`).
-fn layer<S>(svc: S, iters: u64)
+fn layer<S>(svc: S, keys: Keys, iters: u64)
 where
     S: tower::Service<layers::Req, Response = layers::Res>,
     S::Error: std::fmt::Debug,
 {
-    layers::run(&layers::runtime(), svc, iters);
+    layers::run(&layers::runtime(), svc, keys, iters);
 }
 
 fn main() {
@@ -105,11 +106,26 @@ fn main() {
         "governor-hot-denied" => governor(true, 1, iters),
         "governor-100k" => governor(false, KEYS, iters),
         "governor-100k-denied" => governor(true, KEYS, iters),
-        "layer-none" => layer(inner(), iters),
-        "layer-ours" => layer(layers::ours(u32::MAX).layer(inner()), iters),
-        "layer-ours-rejected" => layer(layers::ours(1).layer(inner()), iters),
-        "layer-governor" => layer(layers::governor(u32::MAX).layer(inner()), iters),
-        "layer-governor-rejected" => layer(layers::governor(1).layer(inner()), iters),
+        "layer-none" => layer(inner(), Keys::Global, iters),
+        "layer-ours" => layer(layers::ours(u32::MAX).layer(inner()), Keys::Global, iters),
+        "layer-ours-rejected" => layer(layers::ours(1).layer(inner()), Keys::Global, iters),
+        "layer-governor" => layer(
+            layers::governor(u32::MAX).layer(inner()),
+            Keys::Global,
+            iters,
+        ),
+        "layer-governor-rejected" => layer(layers::governor(1).layer(inner()), Keys::Global, iters),
+        "layer-none-peer-ip" => layer(inner(), Keys::PeerIp, iters),
+        "layer-ours-peer-ip" => layer(
+            layers::ours_peer_ip(u32::MAX).layer(inner()),
+            Keys::PeerIp,
+            iters,
+        ),
+        "layer-governor-peer-ip" => layer(
+            layers::governor_peer_ip(u32::MAX).layer(inner()),
+            Keys::PeerIp,
+            iters,
+        ),
         "nothing" => {}
         other => eprintln!("unknown workload {other}"),
     }

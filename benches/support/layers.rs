@@ -1,24 +1,48 @@
 //! The two layers `benches/layer.rs` and `benches/profile.rs` compare, with the
-//! same settings (one global key, `limit` per hour), the service they wrap and
-//! the loop that sends requests through them.
+//! same settings (`limit` per hour, keyed by one global key or by the peer's
+//! IP), the service they wrap and the loop that sends requests through them.
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use governor::middleware::NoOpMiddleware;
 use std::convert::Infallible;
 use std::hint::black_box;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::{Service, ServiceExt};
 use tower_governor::{
-    governor::GovernorConfigBuilder, key_extractor::GlobalKeyExtractor, GovernorLayer,
+    governor::GovernorConfigBuilder,
+    key_extractor::{GlobalKeyExtractor, KeyExtractor, PeerIpKeyExtractor},
+    GovernorLayer,
 };
-use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
+use tower_sliding_window::{
+    GlobalKey, KeyExtractor as OurExtractor, PeerIp, Policy, SlidingWindowLayer,
+};
+
+/// How both layers key requests.
+#[derive(Clone, Copy)]
+pub enum Keys {
+    /// One key for every request (`GlobalKey`, `GlobalKeyExtractor`).
+    Global,
+    /// The peer's IP from axum's `ConnectInfo` (`PeerIp`, `PeerIpKeyExtractor`,
+    /// tower_governor's default); every request comes from 127.0.0.1.
+    PeerIp,
+}
 
 pub fn ours(limit: u32) -> SlidingWindowLayer<(), GlobalKey> {
-    SlidingWindowLayer::builder(GlobalKey)
+    ours_with(limit, GlobalKey)
+}
+
+pub fn ours_with<X: OurExtractor<Req>>(limit: u32, keys: X) -> SlidingWindowLayer<X::Key, X> {
+    SlidingWindowLayer::builder(keys)
         .policy(Policy::per(limit, Duration::from_secs(3600)).unwrap())
         .build()
         .unwrap()
+}
+
+pub fn ours_peer_ip(limit: u32) -> SlidingWindowLayer<<PeerIp as OurExtractor<Req>>::Key, PeerIp> {
+    ours_with(limit, PeerIp::new())
 }
 
 /// A burst of `limit`; for `u32::MAX` (every request passes) one more per
@@ -26,6 +50,14 @@ pub fn ours(limit: u32) -> SlidingWindowLayer<(), GlobalKey> {
 /// in `benches/http.rs`, starts rejecting after about a million requests, well
 /// within one criterion run.)
 pub fn governor(limit: u32) -> GovernorLayer<GlobalKeyExtractor, NoOpMiddleware, Body> {
+    governor_with(limit, GlobalKeyExtractor)
+}
+
+pub fn governor_peer_ip(limit: u32) -> GovernorLayer<PeerIpKeyExtractor, NoOpMiddleware, Body> {
+    governor_with(limit, PeerIpKeyExtractor)
+}
+
+fn governor_with<X: KeyExtractor>(limit: u32, keys: X) -> GovernorLayer<X, NoOpMiddleware, Body> {
     let mut config = GovernorConfigBuilder::default();
     if limit == u32::MAX {
         config.per_nanosecond(1);
@@ -34,7 +66,7 @@ pub fn governor(limit: u32) -> GovernorLayer<GlobalKeyExtractor, NoOpMiddleware,
     }
     let config = config
         .burst_size(limit)
-        .key_extractor(GlobalKeyExtractor)
+        .key_extractor(keys)
         .finish()
         .unwrap();
     GovernorLayer::new(Arc::new(config))
@@ -56,8 +88,19 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A request as a server hands it to the layers: for `Keys::PeerIp` with the
+/// peer's address in axum's `ConnectInfo` (inserting it costs every arm the same).
+fn request(keys: Keys) -> Req {
+    let mut req = http::Request::new(Body::empty());
+    if let Keys::PeerIp = keys {
+        let peer: SocketAddr = ([127, 0, 0, 1], 40_000).into();
+        req.extensions_mut().insert(ConnectInfo(peer));
+    }
+    req
+}
+
 /// Time `iters` requests through `svc`, one after another.
-pub fn run<S>(rt: &tokio::runtime::Runtime, mut svc: S, iters: u64) -> Duration
+pub fn run<S>(rt: &tokio::runtime::Runtime, mut svc: S, keys: Keys, iters: u64) -> Duration
 where
     S: Service<Req, Response = Res>,
     S::Error: std::fmt::Debug,
@@ -69,7 +112,7 @@ where
                 .ready()
                 .await
                 .unwrap()
-                .call(http::Request::new(Body::empty()))
+                .call(request(keys))
                 .await
                 .unwrap();
             black_box(response);
