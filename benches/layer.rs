@@ -20,7 +20,9 @@
 mod layers;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use layers::{governor, governor_peer_ip, inner, ours, ours_peer_ip, run, runtime, Keys};
+use layers::{
+    governor, governor_peer_ip, inner, inner_peer_ip, ours, ours_peer_ip, run, runtime, Keys,
+};
 use std::time::Duration;
 use tower::Layer;
 
@@ -45,14 +47,16 @@ fn layers(c: &mut Criterion) {
     let mut group = c.benchmark_group("layer_allowed_peer_ip");
     group.throughput(Throughput::Elements(1));
     let keys = Keys::PeerIp;
-    group.bench_function("none", |b| b.iter_custom(|n| run(&rt, inner(), keys, n)));
+    group.bench_function("none", |b| {
+        b.iter_custom(|n| run(&rt, inner_peer_ip(), keys, n))
+    });
     let layer = rt.block_on(async { ours_peer_ip(u32::MAX) });
     group.bench_function("ours", |b| {
-        b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
+        b.iter_custom(|n| run(&rt, layer.layer(inner_peer_ip()), keys, n))
     });
     let layer = governor_peer_ip(u32::MAX);
     group.bench_function("tower_governor", |b| {
-        b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
+        b.iter_custom(|n| run(&rt, layer.layer(inner_peer_ip()), keys, n))
     });
     group.finish();
 }

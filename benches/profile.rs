@@ -115,14 +115,14 @@ fn main() {
             iters,
         ),
         "layer-governor-rejected" => layer(layers::governor(1).layer(inner()), Keys::Global, iters),
-        "layer-none-peer-ip" => layer(inner(), Keys::PeerIp, iters),
+        "layer-none-peer-ip" => layer(layers::inner_peer_ip(), Keys::PeerIp, iters),
         "layer-ours-peer-ip" => layer(
-            layers::ours_peer_ip(u32::MAX).layer(inner()),
+            layers::ours_peer_ip(u32::MAX).layer(layers::inner_peer_ip()),
             Keys::PeerIp,
             iters,
         ),
         "layer-governor-peer-ip" => layer(
-            layers::governor_peer_ip(u32::MAX).layer(inner()),
+            layers::governor_peer_ip(u32::MAX).layer(layers::inner_peer_ip()),
             Keys::PeerIp,
             iters,
         ),
