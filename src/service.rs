@@ -64,9 +64,6 @@ pub struct SlidingWindow<
     pub(crate) layer: SlidingWindowLayer<K, X, St, M, Co, Ex>,
     /// `OnLimit::Backpressure`: the unit `poll_ready` reserved for `call`.
     pub(crate) ready: Option<crate::waiting::BoxedReady<K, X, St, M, Co, Ex>>,
-    /// `OnLimit::Backpressure` (and not a dry run): `poll_ready` reserves.
-    /// Kept here so that every other layer's `poll_ready` reads no shared state.
-    backpressure: bool,
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
@@ -74,7 +71,6 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
     pub fn new(inner: S, layer: SlidingWindowLayer<K, X, St, M, Co, Ex>) -> Self {
         SlidingWindow {
             inner,
-            backpressure: layer.shared.reserve_key.is_some(),
             layer,
             ready: None,
         }
@@ -108,7 +104,6 @@ impl<S: Clone, K, X, St, M, Co, Ex> Clone for SlidingWindow<S, K, X, St, M, Co, 
             layer: self.layer.clone(),
             // A clone starts without a reservation.
             ready: None,
-            backpressure: self.backpressure,
         }
     }
 }
@@ -204,9 +199,10 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // Backpressure: ready once a unit is reserved for the next call; other
+        // Backpressure (the only mode with a key to reserve under, and not in a
+        // dry run): ready once a unit is reserved for the next call; other
         // modes never hold a request back here.
-        if self.backpressure {
+        if self.layer.shared.reserve_key.is_some() {
             return self.poll_ready_reserving(cx);
         }
         self.inner.poll_ready(cx).map_err(M::map_error)
