@@ -82,7 +82,8 @@ pub fn inner() -> impl Service<Req, Response = Res, Error = Infallible, Future: 
 
 /// The same service as a type of its own, for the peer-IP arms: sharing one
 /// response future type with the global-key arms made the compiler stop
-/// inlining its `poll` into either loop (48 more instructions per request).
+/// inlining our layer's `poll` into the loops (13 more instructions per
+/// request through ours, callgrind).
 pub fn inner_peer_ip() -> impl Service<Req, Response = Res, Error = Infallible, Future: Send> + Clone
 {
     inner_of::<1>()
@@ -118,8 +119,9 @@ where
     S: Service<Req, Response = Res>,
     S::Error: std::fmt::Debug,
 {
-    // A loop per kind of request, each with its construction inline, so that
-    // the global-key loop is the same code as before the peer-IP arms.
+    // A loop per kind of request, each with its construction inline: one
+    // shared `request(keys)` call cost every arm about 50 instructions more per
+    // request (callgrind, no layer: 297 against 348).
     match keys {
         Keys::Global => run_with(rt, svc, iters, || request(Keys::Global)),
         Keys::PeerIp => run_with(rt, svc, iters, || request(Keys::PeerIp)),
