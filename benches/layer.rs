@@ -15,13 +15,19 @@
 //! Both layers key by one global key, except in `layer_allowed_peer_ip`: there
 //! each request carries axum's `ConnectInfo` (127.0.0.1) and both key by the
 //! peer's IP (tower_governor's default extractor), so each hashes an address.
+//!
+//! `layer_allowed_router` wraps an axum `Router` with one route instead of a
+//! service that answers at once (each request is routed, its handler runs and
+//! its body is built): the layers as they sit in front of an app, where the
+//! app's `call` is not inlined into theirs.
 
 #[path = "support/layers.rs"]
 mod layers;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use layers::{
-    governor, governor_peer_ip, inner, inner_peer_ip, ours, ours_peer_ip, run, runtime, Keys,
+    governor, governor_peer_ip, inner, inner_peer_ip, ours, ours_peer_ip, router, run, runtime,
+    Keys,
 };
 use std::time::Duration;
 use tower::Layer;
@@ -57,6 +63,20 @@ fn layers(c: &mut Criterion) {
     let layer = governor_peer_ip(u32::MAX);
     group.bench_function("tower_governor", |b| {
         b.iter_custom(|n| run(&rt, layer.layer(inner_peer_ip()), keys, n))
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("layer_allowed_router");
+    group.throughput(Throughput::Elements(1));
+    let keys = Keys::Global;
+    group.bench_function("none", |b| b.iter_custom(|n| run(&rt, router(), keys, n)));
+    let layer = rt.block_on(async { ours(u32::MAX) });
+    group.bench_function("ours", |b| {
+        b.iter_custom(|n| run(&rt, layer.layer(router()), keys, n))
+    });
+    let layer = governor(u32::MAX);
+    group.bench_function("tower_governor", |b| {
+        b.iter_custom(|n| run(&rt, layer.layer(router()), keys, n))
     });
     group.finish();
 }

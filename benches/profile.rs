@@ -8,8 +8,8 @@
 //!
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
 //! `ours-hot-auto` (the default clock), `layer-{none,ours,governor}[-rejected]`
-//! and `layer-{none,ours,governor}-peer-ip` (requests through the tower layers,
-//! as in `benches/layer.rs`), `nothing`.
+//! `layer-{none,ours,governor}-peer-ip` and `layer-{none,ours,governor}-router`
+//! (requests through the tower layers, as in `benches/layer.rs`), `nothing`.
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
 //! move), except `ours-hot-tokio`, so the clock's share can be told apart.
 
@@ -124,6 +124,17 @@ fn main() {
         "layer-governor-peer-ip" => layer(
             layers::governor_peer_ip(u32::MAX).layer(layers::inner_peer_ip()),
             Keys::PeerIp,
+            iters,
+        ),
+        "layer-none-router" => layer(layers::router(), Keys::Global, iters),
+        "layer-ours-router" => layer(
+            layers::ours(u32::MAX).layer(layers::router()),
+            Keys::Global,
+            iters,
+        ),
+        "layer-governor-router" => layer(
+            layers::governor(u32::MAX).layer(layers::router()),
+            Keys::Global,
             iters,
         ),
         "nothing" => {}

@@ -94,6 +94,16 @@ fn inner_of<const ARM: u8>(
     tower::service_fn(|_req: Req| async { Ok::<_, Infallible>(http::Response::new(Body::empty())) })
 }
 
+/// An axum app with one route (`GET /` → "Hello, world!"), as `benches/http.rs`
+/// serves: the inner service a layer wraps in a real server, whose `call` the
+/// compiler does not inline into the layer's.
+pub fn router() -> axum::Router {
+    async fn hello() -> &'static str {
+        "Hello, world!"
+    }
+    axum::Router::new().route("/", axum::routing::get(hello))
+}
+
 /// A single-threaded runtime, as the requests run one after another.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
