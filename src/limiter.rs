@@ -16,7 +16,84 @@ type Hasher = foldhash::fast::RandomState;
 /// Key -> ring. Lock-free reads: a check takes no lock, and idle rings are
 /// retired (see `ring.rs`) before they leave the map, so no lock is needed to
 /// drop them either.
-type Map<K> = papaya::HashMap<K, Spaced, Hasher>;
+type Map<K> = papaya::HashMap<Hashed<K>, Spaced, StoredHash>;
+
+/// A key as the map keeps it, with its hash. A check hashes its key once: the
+/// hash picks the partition (bits 48..56), the overflow mark (bits 32..42) and,
+/// passed on unchanged, the map's slot (the low bits) and tag (the top 7).
+#[repr(C)]
+struct Hashed<K> {
+    hash: u64,
+    key: K,
+}
+
+impl<K> Hash for Hashed<K> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl<K: PartialEq> PartialEq for Hashed<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl<K: Eq> Eq for Hashed<K> {}
+
+/// A key to look up, with its hash.
+struct Lookup<'k, K> {
+    hash: u64,
+    key: &'k K,
+}
+
+impl<K> Hash for Lookup<'_, K> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl<K: Eq> papaya::Equivalent<Hashed<K>> for Lookup<'_, K> {
+    fn equivalent(&self, stored: &Hashed<K>) -> bool {
+        *self.key == stored.key
+    }
+}
+
+/// The map's hasher: the hash a key was stored or looked up with, as it is.
+#[derive(Clone, Copy, Default)]
+struct StoredHash;
+
+impl BuildHasher for StoredHash {
+    type Hasher = PassOn;
+
+    fn build_hasher(&self) -> PassOn {
+        PassOn(0)
+    }
+}
+
+/// Hashes only `Hashed` and `Lookup`, which write their hash as one `u64`.
+struct PassOn(u64);
+
+impl std::hash::Hasher for PassOn {
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached (see above); folds bytes in rather than panic.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Where the partition index starts in a key's hash: clear of the bits the
+/// map uses (its slot, from the low bits, and its tag, from the top 7).
+const PARTITION_SHIFT: u32 = 48;
 
 /// A ring as the map keeps it: followed by bytes no check touches.
 ///
@@ -141,7 +218,7 @@ pub struct Limiter<K, C = AutoClock> {
     geometry: Geometry,
     policy: Policy,
     clock: C,
-    partition_hasher: Hasher,
+    hasher: Hasher,
     partitions: Box<[Partition<K>]>,
     overflow: Ring,
     max_keys: usize,
@@ -221,10 +298,10 @@ impl<C> LimiterBuilder<C> {
             overflow: Ring::new(&geometry, now),
             geometry,
             policy: self.policy,
-            partition_hasher: Hasher::default(),
+            hasher: Hasher::default(),
             partitions: (0..partitions)
                 .map(|_| Partition {
-                    map: Map::with_hasher(Hasher::default()),
+                    map: Map::with_hasher(StoredHash),
                     creating: Mutex::new(()),
                 })
                 .collect(),
@@ -296,9 +373,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let now = self.now();
         let g = &self.geometry;
         let fits = if cost > g.limit() { 0 } else { cost };
-        let decision = match self.partition(key).map.pin().get(key) {
+        let key = self.lookup(key);
+        let decision = match self.partition(&key).map.pin().get(&key) {
             Some(ring) => ring.peek(g, now, fits),
-            None => self.peek_untracked(key, now, fits),
+            None => self.peek_untracked(&key, now, fits),
         };
         if cost > g.limit() {
             let mut exceeds =
@@ -330,8 +408,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let g = &self.geometry;
         if decision.overflow {
             self.overflow.undo(g, decision);
-        } else if let Some(ring) = self.partition(key).map.pin().get(key) {
-            ring.undo(g, decision);
+        } else {
+            let key = self.lookup(key);
+            if let Some(ring) = self.partition(&key).map.pin().get(&key) {
+                ring.undo(g, decision);
+            }
         }
     }
 
@@ -387,12 +468,13 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
         let now = self.now();
-        let (slot, counts) = match self.partition(key).map.pin().get(key) {
+        let key = self.lookup(key);
+        let (slot, counts) = match self.partition(&key).map.pin().get(&key) {
             Some(ring) => ring.counts_by_age(g, now),
             None => {
                 let start = now.max(self.swept_at.load(SeqCst));
                 if self.keys.load(Relaxed) >= self.max_keys
-                    || g.slot(start) < self.overflow_mark(key).load(SeqCst)
+                    || g.slot(start) < self.overflow_mark(&key).load(SeqCst)
                 {
                     self.overflow.counts_by_age(g, start)
                 } else {
@@ -420,9 +502,18 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         self.geometry.hold(self.clock.now_nanos())
     }
 
-    fn partition(&self, key: &K) -> &Partition<K> {
-        let hash = self.partition_hasher.hash_one(key) as usize;
-        &self.partitions[hash & (self.partitions.len() - 1)]
+    /// `key` with its hash, to look up.
+    #[inline]
+    fn lookup<'k>(&self, key: &'k K) -> Lookup<'k, K> {
+        Lookup {
+            hash: self.hasher.hash_one(key),
+            key,
+        }
+    }
+
+    fn partition(&self, key: &Lookup<'_, K>) -> &Partition<K> {
+        let index = (key.hash >> PARTITION_SHIFT) as usize;
+        &self.partitions[index & (self.partitions.len() - 1)]
     }
 
     /// The common case inline (a tracked key whose ring decides at once); every
@@ -430,12 +521,13 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     #[inline(always)]
     fn decide(&self, key: &K, cost: u32, now: u64) -> Decision {
         let g = &self.geometry;
+        let key = self.lookup(key);
         if cost <= g.limit() {
             if let Some(decision) = self
-                .partition(key)
+                .partition(&key)
                 .map
                 .pin()
-                .get(key)
+                .get(&key)
                 .and_then(|ring| ring.try_acquire(g, now, cost))
             {
                 return decision;
@@ -447,21 +539,21 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// [`decide`](Self::decide) in full: costs above the limit, new keys,
     /// retired rings, the cap and the overflow ring.
     #[inline(never)]
-    fn decide_rest(&self, key: &K, cost: u32, now: u64) -> Decision {
+    fn decide_rest(&self, key: Lookup<'_, K>, cost: u32, now: u64) -> Decision {
         let g = &self.geometry;
         if cost > g.limit() {
-            return self.peek(key, cost);
+            return self.peek(key.key, cost);
         }
-        let partition = self.partition(key);
+        let partition = self.partition(&key);
         let map = partition.map.pin();
         loop {
-            if let Some(ring) = map.get(key) {
+            if let Some(ring) = map.get(&key) {
                 match ring.try_acquire(g, now, cost) {
                     Some(decision) => return decision,
                     // Retired by a sweep: take it out (if the sweep has not yet)
                     // and track the key afresh.
                     None => {
-                        let _ = map.remove_if(key, |_, r| std::ptr::eq(r, ring));
+                        let _ = map.remove_if(&key, |_, r| std::ptr::eq(r, ring));
                         continue;
                     }
                 }
@@ -476,12 +568,16 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             // While the overflow ring may hold this key's units, an empty ring
             // would let the key through twice: start from a copy of the overflow
             // ring, taken after the mark was read, so it holds them.
-            let ring = if g.slot(start) < self.overflow_mark(key).load(SeqCst) {
+            let ring = if g.slot(start) < self.overflow_mark(&key).load(SeqCst) {
                 self.overflow.copy(g, start)
             } else {
                 Ring::new(g, start)
             };
-            let ring = match map.try_insert(key.clone(), Spaced::new(ring)) {
+            let stored = Hashed {
+                hash: key.hash,
+                key: key.key.clone(),
+            };
+            let ring = match map.try_insert(stored, Spaced::new(ring)) {
                 Ok(ring) => ring,
                 Err(inserted_first) => {
                     // Another thread inserted it first: give the reservation back.
@@ -508,11 +604,14 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
             // never both: a copy that already holds them must not count them
             // again when they are moved.
             let _creating = partition.creating();
-            self.overflow_mark(key)
+            self.overflow_mark(&key)
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
             // A racing check may have tracked the key before the line above:
             // then count these units in the key's own ring instead.
-            if let Some(decision) = map.get(key).and_then(|ring| ring.try_acquire(g, now, cost)) {
+            if let Some(decision) = map
+                .get(&key)
+                .and_then(|ring| ring.try_acquire(g, now, cost))
+            {
                 self.overflow.undo(g, &d);
                 return decision;
             }
@@ -548,7 +647,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// tracking. A new ring starts no earlier than the latest sweep; at the cap
     /// the check counts in the overflow ring at that start, its times measured
     /// from `now`.
-    fn peek_untracked(&self, key: &K, now: u64, cost: u32) -> Decision {
+    fn peek_untracked(&self, key: &Lookup<'_, K>, now: u64, cost: u32) -> Decision {
         let g = &self.geometry;
         let start = now.max(self.swept_at.load(SeqCst));
         if self.keys.load(Relaxed) >= self.max_keys {
@@ -561,10 +660,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 
     /// The overflow mark of `key`'s group (see `overflow_marks`).
-    fn overflow_mark(&self, key: &K) -> &AtomicU64 {
-        // The high bits: the low ones pick the partition.
-        let hash = self.partition_hasher.hash_one(key) >> 32;
-        &self.overflow_marks[hash as usize % OVERFLOW_MARKS]
+    fn overflow_mark(&self, key: &Lookup<'_, K>) -> &AtomicU64 {
+        &self.overflow_marks[(key.hash >> 32) as usize % OVERFLOW_MARKS]
     }
 
     /// Once per bucket width, the first check to notice sweeps one partition.
@@ -682,7 +779,7 @@ mod tests {
         let map = l.partitions[0].map.pin();
         let mut live: Vec<(usize, usize)> = keys
             .map(|k| {
-                let ring = &**map.get(&k).unwrap() as *const Ring as usize;
+                let ring = &**map.get(&l.lookup(&k)).unwrap() as *const Ring as usize;
                 (ring - 8, ring + std::mem::size_of::<Ring>() - 1)
             })
             .collect();
@@ -694,6 +791,26 @@ mod tests {
                 next.0 / 64,
                 "live words share a line: {pair:x?}"
             );
+        }
+    }
+
+    #[test]
+    fn each_key_is_found_in_its_partition_by_the_one_hash() {
+        // 256 partitions: the hash picks the partition and, passed on, the
+        // map's slot; every key must be found again, and only its own units.
+        let (l, _) = limiter(3, 1 << 20);
+        assert_eq!(l.partitions.len(), MAX_PARTITIONS);
+        let keys = 0..20_000u64;
+        for k in keys.clone() {
+            for _ in 0..=(k % 3) {
+                l.check(&k);
+            }
+        }
+        assert_eq!(l.stats().keys_tracked, 20_000);
+        let used = l.partitions.iter().filter(|p| !p.map.is_empty()).count();
+        assert!(used > MAX_PARTITIONS * 9 / 10, "{used} partitions in use");
+        for k in keys {
+            assert_eq!(l.usage(&k).used, (k % 3 + 1) as u32, "key {k}");
         }
     }
 
@@ -1061,7 +1178,10 @@ mod tests {
         assert!(l.check_n(&2, 3).is_allowed());
         // Another untracked key only asks (cost 0): nothing is counted for it.
         let key = (3..)
-            .find(|k| !std::ptr::eq(l.overflow_mark(k), l.overflow_mark(&2)))
+            .find(|k| {
+                let mark = |k| l.overflow_mark(&l.lookup(k));
+                !std::ptr::eq(mark(k), mark(&2))
+            })
             .unwrap();
         assert!(l.check_n(&key, 0).is_allowed());
         // Key 1 goes idle and makes room: the key gets a ring of its own, empty.

@@ -6,7 +6,7 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread;
@@ -349,12 +349,13 @@ fn keys_tracked_never_reads_above_the_cap() {
 }
 
 // A check admitted by the overflow ring races the creation of its key's own
-// ring. The interleaving is forced: the key's `Hash` blocks the creating thread
-// at a chosen call (the read of the overflow mark, under the partition's
-// creating lock) until the test lets it go. Only this test arms the gate.
+// ring. The interleaving is forced: the key's `Clone` blocks the creating thread
+// at a chosen call (the copy of the key for the map, made under the partition's
+// creating lock, before the new ring is inserted) until the test lets it go.
+// Only this test arms the gate.
 
 thread_local! {
-    /// `Hash` calls this thread has made.
+    /// `Clone` calls this thread has made.
     static CALLS: Cell<u32> = const { Cell::new(0) };
     /// The call at which this thread waits for the gate (0: never).
     static BLOCK_AT: Cell<u32> = const { Cell::new(0) };
@@ -364,11 +365,11 @@ thread_local! {
 static GATE: Mutex<(bool, bool)> = Mutex::new((false, false));
 static GATE_CHANGED: Condvar = Condvar::new();
 
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(PartialEq, Eq, Hash, Debug)]
 struct Key(u64);
 
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, h: &mut H) {
+impl Clone for Key {
+    fn clone(&self) -> Key {
         let n = CALLS.with(|c| {
             c.set(c.get() + 1);
             c.get()
@@ -381,7 +382,7 @@ impl Hash for Key {
                 gate = GATE_CHANGED.wait(gate).unwrap();
             }
         }
-        self.0.hash(h);
+        Key(self.0)
     }
 }
 
@@ -395,15 +396,14 @@ fn an_overflow_check_moved_into_its_keys_new_ring_is_counted_there_once() {
             .build()
             .unwrap();
     assert!(limiter.check(&Key(0)).is_allowed());
-    // A new key's check hashes it: partition, map lookup (twice: the inline
-    // path, then the full one), then, holding the creating lock, the overflow
-    // mark; then the insert.
+    // A new key's check copies it once: for the map, holding the creating
+    // lock, after it read the key's overflow mark and before it inserts.
     CALLS.with(|c| c.set(0));
     assert!(limiter.check(&Key(2)).is_allowed());
     assert_eq!(
         CALLS.with(|c| c.get()),
-        6,
-        "the hash calls this test counts on"
+        1,
+        "the clone calls this test counts on"
     );
     let (k, c) = thread::scope(|s| {
         let limiter = &limiter;
@@ -414,10 +414,10 @@ fn an_overflow_check_moved_into_its_keys_new_ring_is_counted_there_once() {
         assert_eq!(limiter.evict_idle(), 2);
         assert!(limiter.check(&Key(0)).is_allowed());
         // K takes the last place and stops under the creating lock, just
-        // before it reads key 1's overflow mark.
+        // before it inserts key 1's ring (it found the mark not raised).
         let creator = s.spawn(move || {
             CALLS.with(|n| n.set(0));
-            BLOCK_AT.with(|b| b.set(5));
+            BLOCK_AT.with(|b| b.set(1));
             limiter.check_n(&k, 1)
         });
         while !GATE.lock().unwrap().0 {
