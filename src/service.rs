@@ -250,6 +250,7 @@ where
             match limit.store.check_now(&key, cost) {
                 Some(Ok(d)) if d.is_allowed() => {
                     let headers = shared.mode.allowed_headers(|| shared.report(0, d));
+                    let headers = headers.map(Box::new);
                     return ResponseFuture::forwarded(self.inner.call(req), headers);
                 }
                 answer => first = Some(answer),
@@ -278,7 +279,10 @@ where
 
         let verdict = decide(shared, &key, &answers);
         match act::<Req, S, K, X, St, M, Co, Ex>(shared, &req, &key, verdict, &answers) {
-            Action::Forward(headers) => ResponseFuture::forwarded(self.inner.call(req), headers),
+            Action::Forward(headers) => {
+                let headers = headers.map(Box::new);
+                ResponseFuture::forwarded(self.inner.call(req), headers)
+            }
             Action::Reject(output) => ResponseFuture::rejected(output),
         }
     }

@@ -357,7 +357,10 @@ where
     M: RejectionMode<Req, S>,
 {
     match outcome::<S, Req, K, X, St, M, Co, Ex>(shared, &req, key, result) {
-        Action::Forward(headers) => ResponseFuture::forwarded(svc.inner.call(req), headers),
+        Action::Forward(headers) => {
+            let headers = headers.map(Box::new);
+            ResponseFuture::forwarded(svc.inner.call(req), headers)
+        }
         Action::Reject(output) => ResponseFuture::rejected(output),
     }
 }
