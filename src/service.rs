@@ -208,6 +208,7 @@ where
         self.inner.poll_ready(cx).map_err(M::map_error)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &*self.layer.shared;
         if shared.exempt.is_exempt(&req) {
