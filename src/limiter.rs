@@ -167,7 +167,10 @@ const OVERFLOW_MARKS: usize = 1024;
 /// [`Precision`](crate::Precision) for the guarantee). Keys are created on first
 /// use and dropped once idle (all their buckets expired), by the limiter itself:
 /// one check per bucket width sweeps one partition of the map, so no request ever
-/// pays for a full sweep and no background task is needed.
+/// pays for a full sweep and no background task is needed. A key type with one
+/// value (zero-sized, such as `()`, the key of [`GlobalKey`](crate::GlobalKey))
+/// has one ring, outside the map, for the limiter's life: its check neither
+/// hashes nor looks up, and it counts as one tracked key from the start.
 ///
 /// **At `max_keys`:** the first check in each bucket width for a key that is not
 /// yet tracked sweeps one partition for idle keys (the rest of a flood of new
@@ -221,6 +224,10 @@ pub struct Limiter<K, C = AutoClock> {
     hasher: Hasher,
     partitions: Box<[Partition<K>]>,
     overflow: Ring,
+    /// The one ring of a key type with a single value (zero-sized: the global
+    /// key `()`), kept outside the map: its check neither hashes nor looks up.
+    /// Never swept, as there is no other key to make room for.
+    single: Option<Ring>,
     max_keys: usize,
     keys: AtomicUsize,
     /// Start (in clock nanoseconds) of the slot at which the next sweep step is
@@ -291,9 +298,14 @@ impl<C> LimiterBuilder<C> {
         let geometry = Geometry::new(&self.policy);
         let now = geometry.hold(self.clock.now_nanos());
         let next_sweep_at = next_slot_start(now, self.policy.bucket_nanos());
-        let partitions = (self.max_keys / KEYS_PER_PARTITION)
-            .next_power_of_two()
-            .clamp(1, MAX_PARTITIONS);
+        let single = (std::mem::size_of::<K>() == 0).then(|| Ring::new(&geometry, now));
+        let partitions = if single.is_some() {
+            1
+        } else {
+            (self.max_keys / KEYS_PER_PARTITION)
+                .next_power_of_two()
+                .clamp(1, MAX_PARTITIONS)
+        };
         Ok(Limiter {
             overflow: Ring::new(&geometry, now),
             geometry,
@@ -305,8 +317,9 @@ impl<C> LimiterBuilder<C> {
                     creating: Mutex::new(()),
                 })
                 .collect(),
+            keys: AtomicUsize::new(single.is_some().into()),
+            single,
             max_keys: self.max_keys,
-            keys: AtomicUsize::new(0),
             next_sweep_at: AtomicU64::new(next_sweep_at),
             full_sweep_at: AtomicU64::new(0),
             due_or_set_back: ((geometry.span_slots() + 1) * geometry.width()).wrapping_neg(),
@@ -373,11 +386,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         let now = self.now();
         let g = &self.geometry;
         let fits = if cost > g.limit() { 0 } else { cost };
-        let key = self.lookup(key);
-        let decision = match self.partition(&key).map.pin().get(&key) {
-            Some(ring) => ring.peek(g, now, fits),
-            None => self.peek_untracked(&key, now, fits),
-        };
+        let decision = self.with_ring(key, |ring| match ring {
+            Ok(ring) => ring.peek(g, now, fits),
+            Err(key) => self.peek_untracked(key, now, fits),
+        });
         if cost > g.limit() {
             let mut exceeds =
                 Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset());
@@ -409,10 +421,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         if decision.overflow {
             self.overflow.undo(g, decision);
         } else {
-            let key = self.lookup(key);
-            if let Some(ring) = self.partition(&key).map.pin().get(&key) {
-                ring.undo(g, decision);
-            }
+            self.with_ring(key, |ring| {
+                if let Ok(ring) = ring {
+                    ring.undo(g, decision);
+                }
+            });
         }
     }
 
@@ -468,20 +481,19 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
         let now = self.now();
-        let key = self.lookup(key);
-        let (slot, counts) = match self.partition(&key).map.pin().get(&key) {
-            Some(ring) => ring.counts_by_age(g, now),
-            None => {
+        let (slot, counts) = self.with_ring(key, |ring| match ring {
+            Ok(ring) => ring.counts_by_age(g, now),
+            Err(key) => {
                 let start = now.max(self.swept_at.load(SeqCst));
                 if self.keys.load(Relaxed) >= self.max_keys
-                    || g.slot(start) < self.overflow_mark(&key).load(SeqCst)
+                    || g.slot(start) < self.overflow_mark(key).load(SeqCst)
                 {
                     self.overflow.counts_by_age(g, start)
                 } else {
                     (g.slot(start), vec![0; g.buckets() as usize + 1])
                 }
             }
-        };
+        });
         WindowSnapshot {
             geometry: *g,
             now,
@@ -500,6 +512,29 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     #[inline]
     fn now(&self) -> u64 {
         self.geometry.hold(self.clock.now_nanos())
+    }
+
+    /// The single ring, for a zero-sized key type (a constant `None` for others).
+    #[inline(always)]
+    fn single(&self) -> Option<&Ring> {
+        if std::mem::size_of::<K>() == 0 {
+            self.single.as_ref()
+        } else {
+            None
+        }
+    }
+
+    /// Calls `f` with `key`'s ring, or without one, with the key to look up.
+    fn with_ring<R>(&self, key: &K, f: impl FnOnce(Result<&Ring, &Lookup<'_, K>>) -> R) -> R {
+        if let Some(ring) = self.single() {
+            return f(Ok(ring));
+        }
+        let key = self.lookup(key);
+        let map = self.partition(&key).map.pin();
+        match map.get(&key) {
+            Some(ring) => f(Ok(ring)),
+            None => f(Err(&key)),
+        }
     }
 
     /// `key` with its hash, to look up.
@@ -521,6 +556,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     #[inline(always)]
     fn decide(&self, key: &K, cost: u32, now: u64) -> Decision {
         let g = &self.geometry;
+        if let Some(ring) = self.single() {
+            if cost > g.limit() {
+                return self.peek(key, cost);
+            }
+            return ring.acquire(g, now, cost);
+        }
         let key = self.lookup(key);
         if cost <= g.limit() {
             if let Some(decision) = self
@@ -792,6 +833,36 @@ mod tests {
                 "live words share a line: {pair:x?}"
             );
         }
+    }
+
+    #[test]
+    fn a_key_type_with_one_value_has_one_ring_outside_the_map() {
+        let clock = ManualClock::new();
+        let l: Limiter<(), ManualClock> =
+            Limiter::builder(Policy::per(2, Duration::from_secs(1)).unwrap())
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+        assert_eq!(l.partitions.len(), 1);
+        assert_eq!(l.stats().keys_tracked, 1);
+        assert!(l.check(&()).is_allowed());
+        let second = l.check(&());
+        assert!(second.is_allowed());
+        assert!(!l.check(&()).is_allowed());
+        assert!(!l.peek(&(), 1).is_allowed());
+        assert_eq!(l.check_n(&(), 3).outcome(), Outcome::CostExceedsLimit);
+        l.undo(&(), &second);
+        assert_eq!(l.usage(&()).used, 1);
+        assert!(l.check(&()).is_allowed());
+        assert!(l.partitions[0].map.is_empty());
+        // Idle for a minute: no sweep drops it, and its window has emptied.
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(l.evict_idle(), 0);
+        assert_eq!(l.stats().keys_tracked, 1);
+        assert_eq!(l.usage(&()).used, 0);
+        assert!(l.check(&()).is_allowed());
+        let stats = l.stats();
+        assert_eq!((stats.admitted, stats.rejected), (4, 2));
     }
 
     #[test]
