@@ -42,7 +42,13 @@ pin_project! {
         F: Future,
         M: Finish<F::Output>,
     {
-        // Allowed (or exempt): the inner service's future.
+        // Allowed (or exempt), no headers to add: the inner service's future.
+        Passthrough {
+            #[pin]
+            future: F,
+            mode: PhantomData<fn() -> M>,
+        },
+        // Allowed, with headers for the response.
         Forwarded {
             #[pin]
             future: F,
@@ -70,13 +76,18 @@ impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
     /// request, callgrind, in each of `benches/profile.rs`' layer arms).
     #[inline]
     pub(crate) fn forwarded(future: F, headers: Option<Box<RateLimitHeaders>>) -> Self {
-        ResponseFuture {
-            kind: Kind::Forwarded {
+        let kind = match headers {
+            None => Kind::Passthrough {
+                future,
+                mode: PhantomData,
+            },
+            headers => Kind::Forwarded {
                 future,
                 headers,
                 mode: PhantomData,
             },
-        }
+        };
+        ResponseFuture { kind }
     }
 
     pub(crate) fn rejected(output: Output<F, M>) -> Self {
@@ -102,16 +113,16 @@ impl<F: Future, M: Finish<F::Output>> Future for ResponseFuture<F, M> {
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
+            // Without headers the inner output passes through as it is: polled
+            // straight into the return value, it is not moved through `ready!`
+            // and `finish` (35 instructions fewer for an axum response, 5 ns of
+            // the layer's 40 in `benches/layer.rs`).
+            KindProj::Passthrough { future, .. } => {
+                future.poll(cx).map(|output| M::finish(output, None))
+            }
             KindProj::Forwarded {
                 future, headers, ..
             } => {
-                // Without headers the inner output passes through as it is:
-                // polled straight into the return value, it is not moved
-                // through `ready!` and `finish` (35 instructions fewer for an
-                // axum response, 5 ns of the layer's 40 in `benches/layer.rs`).
-                if headers.is_none() {
-                    return future.poll(cx).map(|output| M::finish(output, None));
-                }
                 let output = ready!(future.poll(cx));
                 Poll::Ready(M::finish(output, headers.take()))
             }
@@ -128,7 +139,7 @@ impl<F: Future, M: Finish<F::Output>> Future for ResponseFuture<F, M> {
 impl<F: Future, M: Finish<F::Output>> std::fmt::Debug for ResponseFuture<F, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.kind {
-            Kind::Forwarded { .. } => "Forwarded",
+            Kind::Passthrough { .. } | Kind::Forwarded { .. } => "Forwarded",
             Kind::Rejected { .. } => "Rejected",
             Kind::Deciding { .. } => "Deciding",
         };
