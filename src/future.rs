@@ -7,7 +7,7 @@ use pin_project_lite::pin_project;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 /// What the layer's future resolves to for an inner future `F` under mode `M`.
 type Output<F, M> = Result<
@@ -43,18 +43,9 @@ pin_project! {
         M: Finish<F::Output>,
     {
         // Allowed (or exempt), no headers to add: the inner service's future.
-        Passthrough {
-            #[pin]
-            future: F,
-            mode: PhantomData<fn() -> M>,
-        },
-        // Allowed, with headers for the response.
         Forwarded {
             #[pin]
             future: F,
-            // Boxed: only present with `headers_on_allowed`, and inline it would
-            // add 120 bytes to a future that axum moves several times per request.
-            headers: Option<Box<RateLimitHeaders>>,
             // `fn() -> M`: the future owns no `M`, so it is `Send` and `Sync`
             // whatever `M` is.
             mode: PhantomData<fn() -> M>,
@@ -63,7 +54,8 @@ pin_project! {
         Rejected {
             output: Option<Output<F, M>>,
         },
-        // A remote store is deciding; the request waits in here.
+        // A remote store is deciding, and the request waits in here; or the
+        // inner service's future with headers to add to its response.
         Deciding {
             future: Deciding<F, M>,
         },
@@ -71,23 +63,32 @@ pin_project! {
 }
 
 impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
-    /// `headers` are boxed by the caller before it calls the inner service, so
-    /// that nothing runs between that call and this (5 instructions fewer per
-    /// request, callgrind, in each of `benches/profile.rs`' layer arms).
+    /// The inner service's future, its response passed on as it is.
     #[inline]
-    pub(crate) fn forwarded(future: F, headers: Option<Box<RateLimitHeaders>>) -> Self {
-        let kind = match headers {
-            None => Kind::Passthrough {
+    pub(crate) fn forwarded(future: F) -> Self {
+        ResponseFuture {
+            kind: Kind::Forwarded {
                 future,
                 mode: PhantomData,
             },
-            headers => Kind::Forwarded {
-                future,
-                headers,
-                mode: PhantomData,
-            },
-        };
-        ResponseFuture { kind }
+        }
+    }
+
+    /// The inner service's future, with headers to add to its response
+    /// (`headers_on_allowed`): the two boxed together, one allocation, as the
+    /// headers alone were before. Not a variant of its own: with a second
+    /// variant holding the inner future, every request paid for it, headers
+    /// or not (30 instructions more, and 8–9 ns by key in interleaved runs of
+    /// `benches/profile.rs`).
+    #[inline(never)]
+    pub(crate) fn with_headers(future: F, headers: RateLimitHeaders) -> Self
+    where
+        F: Send + 'static,
+        M: 'static,
+    {
+        ResponseFuture::deciding(Box::pin(
+            async move { M::finish(future.await, Some(headers)) },
+        ))
     }
 
     pub(crate) fn rejected(output: Output<F, M>) -> Self {
@@ -117,14 +118,8 @@ impl<F: Future, M: Finish<F::Output>> Future for ResponseFuture<F, M> {
             // straight into the return value, it is not moved through `ready!`
             // and `finish` (35 instructions fewer for an axum response, 5 ns of
             // the layer's 40 in `benches/layer.rs`).
-            KindProj::Passthrough { future, .. } => {
+            KindProj::Forwarded { future, .. } => {
                 future.poll(cx).map(|output| M::finish(output, None))
-            }
-            KindProj::Forwarded {
-                future, headers, ..
-            } => {
-                let output = ready!(future.poll(cx));
-                Poll::Ready(M::finish(output, headers.take()))
             }
             KindProj::Rejected { output } => Poll::Ready(
                 output
@@ -139,7 +134,7 @@ impl<F: Future, M: Finish<F::Output>> Future for ResponseFuture<F, M> {
 impl<F: Future, M: Finish<F::Output>> std::fmt::Debug for ResponseFuture<F, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.kind {
-            Kind::Passthrough { .. } | Kind::Forwarded { .. } => "Forwarded",
+            Kind::Forwarded { .. } => "Forwarded",
             Kind::Rejected { .. } => "Rejected",
             Kind::Deciding { .. } => "Deciding",
         };

@@ -42,7 +42,7 @@ pub(crate) mod sealed {
         /// The inner service's outcome, with rate-limit headers written when given.
         fn finish(
             output: O,
-            headers: Option<Box<RateLimitHeaders>>,
+            headers: Option<RateLimitHeaders>,
         ) -> Result<Self::Response, Self::Error>;
     }
 
@@ -194,12 +194,12 @@ impl<H, ResBody, E> sealed::Finish<Result<Response<ResBody>, E>> for HttpRejecti
     #[inline]
     fn finish(
         output: Result<Response<ResBody>, E>,
-        headers: Option<Box<RateLimitHeaders>>,
+        headers: Option<RateLimitHeaders>,
     ) -> Result<Response<ResBody>, E> {
         match headers {
             None => output,
             Some(headers) => output.map(|mut response| {
-                (*headers).write_to(response.headers_mut());
+                headers.write_to(response.headers_mut());
                 response
             }),
         }
@@ -279,10 +279,7 @@ impl<R, E: Into<BoxError>> sealed::Finish<Result<R, E>> for ErrorRejection {
     type Error = BoxError;
 
     #[inline]
-    fn finish(
-        output: Result<R, E>,
-        _headers: Option<Box<RateLimitHeaders>>,
-    ) -> Result<R, BoxError> {
+    fn finish(output: Result<R, E>, _headers: Option<RateLimitHeaders>) -> Result<R, BoxError> {
         output.map_err(Into::into)
     }
 }

@@ -214,7 +214,7 @@ where
         if shared.exempt.is_exempt(&req) {
             // Backpressure reserved a unit in poll_ready: not this request's.
             give_back_reservation(&mut self.ready);
-            return ResponseFuture::forwarded(self.inner.call(req), None);
+            return ResponseFuture::forwarded(self.inner.call(req));
         }
         let key = match shared.extractor.extract(&req) {
             Some(key) => key,
@@ -222,14 +222,14 @@ where
                 MissingKey::Allow => {
                     // Uncounted: the unit poll_ready reserved is not this request's.
                     give_back_reservation(&mut self.ready);
-                    return ResponseFuture::forwarded(self.inner.call(req), None);
+                    return ResponseFuture::forwarded(self.inner.call(req));
                 }
                 MissingKey::Reject => {
                     give_back_reservation(&mut self.ready);
                     bump(&shared.counters.key_missing);
                     if shared.dry_run {
                         tracing::info!("rate limit (dry run): request has no key, would reject");
-                        return ResponseFuture::forwarded(self.inner.call(req), None);
+                        return ResponseFuture::forwarded(self.inner.call(req));
                     }
                     tracing::debug!("rate limit: request has no key, rejected");
                     return ResponseFuture::rejected(
@@ -250,9 +250,12 @@ where
         if let [limit] = &shared.limits[..] {
             match limit.store.check_now(&key, cost) {
                 Some(Ok(d)) if d.is_allowed() => {
-                    let headers = shared.mode.allowed_headers(|| shared.report(0, d));
-                    let headers = headers.map(Box::new);
-                    return ResponseFuture::forwarded(self.inner.call(req), headers);
+                    return match shared.mode.allowed_headers(|| shared.report(0, d)) {
+                        None => ResponseFuture::forwarded(self.inner.call(req)),
+                        Some(headers) => {
+                            ResponseFuture::with_headers(self.inner.call(req), headers)
+                        }
+                    };
                 }
                 answer => first = Some(answer),
             }
@@ -280,9 +283,9 @@ where
 
         let verdict = decide(shared, &key, &answers);
         match act::<Req, S, K, X, St, M, Co, Ex>(shared, &req, &key, verdict, &answers) {
-            Action::Forward(headers) => {
-                let headers = headers.map(Box::new);
-                ResponseFuture::forwarded(self.inner.call(req), headers)
+            Action::Forward(None) => ResponseFuture::forwarded(self.inner.call(req)),
+            Action::Forward(Some(headers)) => {
+                ResponseFuture::with_headers(self.inner.call(req), headers)
             }
             Action::Reject(output) => ResponseFuture::rejected(output),
         }
@@ -369,7 +372,7 @@ impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
                 Action::Forward(headers) => headers,
                 Action::Reject(output) => return output,
             };
-            M::finish(ready.call(req).await, headers.map(Box::new))
+            M::finish(ready.call(req).await, headers)
         }))
     }
 }

@@ -309,10 +309,10 @@ where
             Action::Reject(output) => return output,
         };
         if let Some(e) = failed {
-            return M::finish(Err(e), headers.map(Box::new));
+            return M::finish(Err(e), headers);
         }
         drop(failed); // None: not held across the call (S::Error need not be Send)
-        M::finish(inner.call(req).await, headers.map(Box::new))
+        M::finish(inner.call(req).await, headers)
     }))
 }
 
@@ -353,13 +353,14 @@ fn respond_now<S, Req, K, X, St, M, Co, Ex>(
 ) -> ResponseFuture<S::Future, M>
 where
     S: Service<Req>,
+    S::Future: Send + 'static,
     St: Store<K>,
     M: RejectionMode<Req, S>,
 {
     match outcome::<S, Req, K, X, St, M, Co, Ex>(shared, &req, key, result) {
-        Action::Forward(headers) => {
-            let headers = headers.map(Box::new);
-            ResponseFuture::forwarded(svc.inner.call(req), headers)
+        Action::Forward(None) => ResponseFuture::forwarded(svc.inner.call(req)),
+        Action::Forward(Some(headers)) => {
+            ResponseFuture::with_headers(svc.inner.call(req), headers)
         }
         Action::Reject(output) => ResponseFuture::rejected(output),
     }
