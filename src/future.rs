@@ -15,7 +15,8 @@ type Output<F, M> = Result<
     <M as Finish<<F as Future>::Output>>::Error,
 >;
 
-/// A store answer still in flight (remote stores only), followed by the inner call.
+/// A store answer still in flight (remote stores only), followed by the inner
+/// call; or an inner future with headers to add to its response.
 type Deciding<F, M> = Pin<Box<dyn Future<Output = Output<F, M>> + Send>>;
 
 pin_project! {

@@ -21,6 +21,8 @@ type Map<K> = papaya::HashMap<Hashed<K>, Spaced, StoredHash>;
 /// A key as the map keeps it, with its hash. A check hashes its key once: the
 /// hash picks the partition (bits 48..56), the overflow mark (bits 32..42) and,
 /// passed on unchanged, the map's slot (the low bits) and tag (the top 7).
+/// `repr(C)`: the key last, next to the ring, as the only word of it a check
+/// reads (see `Spaced`).
 #[repr(C)]
 struct Hashed<K> {
     hash: u64,

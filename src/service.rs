@@ -45,7 +45,9 @@ use tower_service::Service;
 /// With the in-memory [`Limiter`] (or any store that answers through
 /// [`Store::check_now`]) the decision is made inside `call`: an allowed request
 /// goes straight to the inner service, a rejected one gets a ready response,
-/// and nothing is allocated or boxed on either path. A store that answers later
+/// and nothing is allocated or boxed on either path (but with
+/// [`headers_on_allowed`](crate::SlidingWindowLayerBuilder::headers_on_allowed),
+/// where an allowed request's future is boxed with its headers). A store that answers later
 /// is awaited in the response future; the inner service readied by
 /// `poll_ready` moves into that future and a clone takes its place, which is
 /// why the inner service must be `Clone` (axum, hyper and tonic services are;
@@ -250,6 +252,9 @@ where
         if let [limit] = &shared.limits[..] {
             match limit.store.check_now(&key, cost) {
                 Some(Ok(d)) if d.is_allowed() => {
+                    // What `self.forward` does, written out: through that
+                    // helper, as the path after `act` calls it, every allowed
+                    // request took 34 instructions more (callgrind).
                     return match shared.mode.allowed_headers(|| shared.report(0, d)) {
                         None => ResponseFuture::forwarded(self.inner.call(req)),
                         Some(headers) => {
@@ -283,16 +288,33 @@ where
 
         let verdict = decide(shared, &key, &answers);
         match act::<Req, S, K, X, St, M, Co, Ex>(shared, &req, &key, verdict, &answers) {
-            Action::Forward(None) => ResponseFuture::forwarded(self.inner.call(req)),
-            Action::Forward(Some(headers)) => {
-                ResponseFuture::with_headers(self.inner.call(req), headers)
-            }
+            Action::Forward(headers) => self.forward(req, headers),
             Action::Reject(output) => ResponseFuture::rejected(output),
         }
     }
 }
 
 impl<S, K, X, St, M, Co, Ex> SlidingWindow<S, K, X, St, M, Co, Ex> {
+    /// Call the inner service for an allowed request, adding `headers` (if
+    /// any) to its response. Each case calls it on its own, so that the
+    /// common one builds nothing around the inner future.
+    #[inline(always)]
+    pub(crate) fn forward<Req>(
+        &mut self,
+        req: Req,
+        headers: Option<RateLimitHeaders>,
+    ) -> ResponseFuture<S::Future, M>
+    where
+        S: Service<Req>,
+        S::Future: Send + 'static,
+        M: crate::mode::sealed::Finish<<S::Future as Future>::Output> + 'static,
+    {
+        match headers {
+            None => ResponseFuture::forwarded(self.inner.call(req)),
+            Some(headers) => ResponseFuture::with_headers(self.inner.call(req), headers),
+        }
+    }
+
     /// The inner service `poll_ready` readied, taken out (a fresh clone takes
     /// its place): for a response future to call later (tower's contract: the
     /// readied instance is the one called), or to drop, giving back what it

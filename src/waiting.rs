@@ -358,10 +358,7 @@ where
     M: RejectionMode<Req, S>,
 {
     match outcome::<S, Req, K, X, St, M, Co, Ex>(shared, &req, key, result) {
-        Action::Forward(None) => ResponseFuture::forwarded(svc.inner.call(req)),
-        Action::Forward(Some(headers)) => {
-            ResponseFuture::with_headers(svc.inner.call(req), headers)
-        }
+        Action::Forward(headers) => svc.forward(req, headers),
         Action::Reject(output) => ResponseFuture::rejected(output),
     }
 }
