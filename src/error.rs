@@ -1,28 +1,31 @@
-//! Configuration errors, reported when a policy, limiter or layer is built.
+//! Configuration errors, reported when a policy, limiter, extractor, layer or
+//! store is built.
 
+use std::error::Error;
 use std::fmt;
 use std::time::Duration;
 
 /// Why a configuration was rejected.
 ///
-/// Every invalid setting is caught when the policy, limiter or layer is built,
-/// so a running limiter never panics on its configuration.
+/// Every invalid setting is caught when the policy, limiter, extractor, layer
+/// or store is built, so a running limiter never panics on its configuration.
+/// Each mistake has its own variant, to match on; `Display` says what to change.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tower_sliding_window::{ConfigError, Policy};
 ///
 /// let err = Policy::builder().limit(0).window(Duration::from_secs(1)).build().unwrap_err();
-/// assert_eq!(err, ConfigError::ZeroLimit);
+/// assert!(matches!(err, ConfigError::ZeroLimit));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// `limit` was 0: nothing could ever pass.
+    /// A policy's `limit` was 0: nothing could ever pass.
     ZeroLimit,
-    /// `window` was zero or never set.
+    /// A policy's `window` was zero or never set.
     ZeroWindow,
-    /// `buckets` was 0.
+    /// A policy's `buckets` was 0.
     ZeroBuckets,
     /// More buckets than [`Policy::MAX_BUCKETS`](crate::Policy::MAX_BUCKETS).
     TooManyBuckets {
@@ -31,14 +34,16 @@ pub enum ConfigError {
         /// The largest number accepted.
         max: u32,
     },
-    /// A bucket (window / buckets) is narrower than the clock can tell apart.
+    /// The window is too short for its buckets: a bucket (window / buckets)
+    /// is narrower than the clock (or the store) can tell apart.
     BucketBelowClockResolution {
         /// The bucket width the policy asked for.
         bucket: Duration,
-        /// The clock's resolution.
+        /// The clock's (or the store's) resolution.
         resolution: Duration,
     },
-    /// The window does not fit the 64-bit nanosecond time line the slot tags are cut from.
+    /// The window does not fit the time line the slot tags are cut from (the
+    /// clock's 64-bit nanoseconds, or the Redis store's microseconds).
     WindowTooLong {
         /// The window asked for.
         window: Duration,
@@ -47,7 +52,91 @@ pub enum ConfigError {
     },
     /// `max_keys` was 0: no key could ever be tracked.
     ZeroMaxKeys,
-    /// A layer or store setting was inconsistent; the message says which.
+    /// A layer was built without a policy.
+    NoPolicy,
+    /// A layer was given more policies than it decides at once.
+    TooManyPolicies {
+        /// The number given.
+        count: usize,
+        /// The most accepted ([`MAX_POLICIES`](crate::MAX_POLICIES)).
+        max: usize,
+    },
+    /// Two policies of one layer share a name; their `RateLimit` header
+    /// fields could not be told apart.
+    DuplicatePolicyName {
+        /// The shared name.
+        name: String,
+    },
+    /// A policy name is not printable ASCII, so it cannot go into a
+    /// `RateLimit` header field.
+    InvalidPolicyName {
+        /// The name.
+        name: String,
+    },
+    /// A rejection status that is not a client or server error (4xx or 5xx).
+    InvalidStatus {
+        /// The status given.
+        status: http::StatusCode,
+    },
+    /// A gRPC status code outside 1..=16 (0 is OK, which a rejection is not).
+    InvalidGrpcCode {
+        /// The code given.
+        code: u8,
+    },
+    /// HTTP rejection settings (`status`, `grpc_status`, the header options,
+    /// `reject_with`) were set and then `reject_with_errors` made rejections
+    /// error values, which would silently ignore them.
+    HttpSettingsIgnored,
+    /// `max_queue` of a bounded wait was 0 (to never wait, reject instead).
+    ZeroMaxQueue,
+    /// An IP prefix length longer than the address (32 bits for IPv4, 128
+    /// for IPv6).
+    PrefixTooLong {
+        /// The length given.
+        prefix_len: u8,
+        /// The address's length in bits.
+        max: u8,
+    },
+    /// An IPv4-mapped IPv6 network (`::ffff:a.b.c.d/n`) with a prefix below
+    /// 96, which would mask the mapping away; write the IPv4 network instead.
+    MappedPrefixTooShort {
+        /// The length given.
+        prefix_len: u8,
+    },
+    /// A header name that is not a valid HTTP header name.
+    InvalidHeaderName {
+        /// The name given.
+        name: String,
+    },
+    /// `max_len` of a header key was 0: no value could ever be a key.
+    ZeroMaxLen,
+    /// A store that must run on tokio was built outside a tokio runtime.
+    NoRuntime,
+    /// A Redis store was given no Redis to talk to (no URL, client or
+    /// connection).
+    NoRedis,
+    /// A Redis store was given both a URL or client and a connection.
+    RedisConnectionConflict,
+    /// The Redis URL could not be parsed or names a feature not compiled in
+    /// (`rediss://` needs TLS support); the source says why. The URL itself
+    /// is not kept: it may hold a password.
+    InvalidRedisUrl {
+        /// The `redis` crate's error.
+        source: Box<dyn Error + Send + Sync>,
+    },
+    /// A store timeout of zero: every decision would fail.
+    ZeroTimeout,
+    /// An interpolated policy too large for the Redis script's arithmetic
+    /// (Lua numbers are doubles): (limit + 1) × bucket width in µs must stay
+    /// below 2^53. Use a lower limit, narrower buckets or strict precision.
+    InterpolationOutOfRange,
+    /// A Redis key prefix containing `{` or `}`: the key's hash tag follows
+    /// the prefix. The default prefix holds the policy name; set one.
+    InvalidRedisPrefix {
+        /// The prefix.
+        prefix: String,
+    },
+    /// A combination of layer settings that cannot work; the message says which.
     Invalid(&'static str),
 }
 
@@ -68,12 +157,78 @@ impl fmt::Display for ConfigError {
                 write!(f, "window {window:?} is longer than the supported maximum {max:?}")
             }
             ConfigError::ZeroMaxKeys => f.write_str("max_keys must be at least 1"),
-            ConfigError::Invalid(msg) => f.write_str(msg),
+            ConfigError::NoPolicy => f.write_str("a layer needs at least one policy"),
+            ConfigError::TooManyPolicies { count, max } => {
+                write!(f, "{count} policies given, a layer accepts at most {max}")
+            }
+            ConfigError::DuplicatePolicyName { name } => write!(
+                f,
+                "two policies of one layer are named {name:?}; give each a distinct name"
+            ),
+            ConfigError::InvalidPolicyName { name } => write!(
+                f,
+                "policy name {name:?} is not printable ASCII (it goes into RateLimit headers)"
+            ),
+            ConfigError::InvalidStatus { status } => {
+                write!(f, "rejection status {status} is not a 4xx or 5xx status")
+            }
+            ConfigError::InvalidGrpcCode { code } => write!(
+                f,
+                "gRPC rejection code {code} is not in 1..=16 (8 is RESOURCE_EXHAUSTED)"
+            ),
+            ConfigError::HttpSettingsIgnored => f.write_str(
+                "status(), grpc_status(), the header options and reject_with() shape HTTP \
+                 rejections; after reject_with_errors() rejections are error values and \
+                 they would be ignored",
+            ),
+            ConfigError::ZeroMaxQueue => {
+                f.write_str("max_queue must be at least 1 (to never wait, reject instead)")
+            }
+            ConfigError::PrefixTooLong { prefix_len, max } => {
+                write!(f, "prefix length {prefix_len} is longer than the address ({max} bits)")
+            }
+            ConfigError::MappedPrefixTooShort { prefix_len } => write!(
+                f,
+                "an IPv4-mapped network (::ffff:a.b.c.d/n) needs a prefix of 96..=128, not \
+                 {prefix_len}; write the IPv4 network (a.b.c.d/(n - 96)) instead"
+            ),
+            ConfigError::InvalidHeaderName { name } => {
+                write!(f, "{name:?} is not a valid header name")
+            }
+            ConfigError::ZeroMaxLen => f.write_str("a header key's max_len must be at least 1"),
+            ConfigError::NoRuntime => f.write_str(
+                "the store must be built inside a tokio runtime (its connection runs there)",
+            ),
+            ConfigError::NoRedis => f.write_str(
+                "the Redis store needs a Redis to talk to: call .url(), .client() or .connection()",
+            ),
+            ConfigError::RedisConnectionConflict => f.write_str(
+                "the Redis store takes either a URL or client, or a connection, not both",
+            ),
+            ConfigError::InvalidRedisUrl { source } => write!(f, "invalid Redis URL: {source}"),
+            ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
+            ConfigError::InterpolationOutOfRange => f.write_str(
+                "interpolated precision on Redis needs (limit + 1) × bucket width in µs below \
+                 2^53; use a lower limit, narrower buckets or strict precision",
+            ),
+            ConfigError::InvalidRedisPrefix { prefix } => write!(
+                f,
+                "Redis key prefix {prefix:?} contains '{{' or '}}' (the policy name is part of \
+                 the default prefix; set .prefix())"
+            ),
+            ConfigError::Invalid(message) => f.write_str(message),
         }
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl Error for ConfigError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            ConfigError::InvalidRedisUrl { source } => Some(&**source),
+            _ => None,
+        }
+    }
+}
 
 /// A request the layer rejected because a policy's limit was reached: the error
 /// value a non-HTTP service sees (boxed in tower's [`BoxError`](tower::BoxError)

@@ -241,16 +241,16 @@ impl HeaderKey {
     pub fn named(name: &str) -> Result<Self, ConfigError> {
         HeaderName::from_bytes(name.as_bytes())
             .map(Self::new)
-            .map_err(|_| ConfigError::Invalid("HeaderKey: invalid header name"))
+            .map_err(|_| ConfigError::InvalidHeaderName {
+                name: name.to_owned(),
+            })
     }
 
     /// Values longer than `max_len` bytes give no key (1 or more; 256 by default).
     /// This bounds the memory a client can make the limiter hold per key.
     pub fn max_len(self, max_len: usize) -> Result<Self, ConfigError> {
         if max_len == 0 {
-            return Err(ConfigError::Invalid(
-                "HeaderKey: max_len must be at least 1",
-            ));
+            return Err(ConfigError::ZeroMaxLen);
         }
         Ok(HeaderKey { max_len, ..self })
     }
@@ -579,10 +579,13 @@ mod tests {
 
     #[test]
     fn invalid_prefix_lengths_are_config_errors() {
-        assert!(PeerIp::new().ipv6_prefix(129).is_err());
-        assert!(PeerIp::new().ipv4_prefix(33).is_err());
-        assert!(ClientIp::new().ipv6_prefix(200).is_err());
-        assert!(ClientIp::new().ipv4_prefix(255).is_err());
+        fn too_long<T>(r: Result<T, ConfigError>, len: u8, bits: u8) -> bool {
+            matches!(r, Err(ConfigError::PrefixTooLong { prefix_len, max }) if prefix_len == len && max == bits)
+        }
+        assert!(too_long(PeerIp::new().ipv6_prefix(129), 129, 128));
+        assert!(too_long(PeerIp::new().ipv4_prefix(33), 33, 32));
+        assert!(too_long(ClientIp::new().ipv6_prefix(200), 200, 128));
+        assert!(too_long(ClientIp::new().ipv4_prefix(255), 255, 32));
         assert!(PeerIp::new().ipv6_prefix(0).is_ok());
         assert!(ClientIp::new().ipv6_prefix(128).is_ok());
     }
@@ -622,9 +625,15 @@ mod tests {
         let short = key.clone().max_len(3).unwrap();
         let req = request("192.0.2.1:1", "x-api-key", &[b"abcd"]);
         assert_eq!(short.extract(&req), None);
-        assert!(key.max_len(0).is_err());
-        assert!(HeaderKey::named("bad header").is_err());
-        assert!(HeaderKey::named("").is_err());
+        assert!(matches!(key.max_len(0), Err(ConfigError::ZeroMaxLen)));
+        assert!(matches!(
+            HeaderKey::named("bad header"),
+            Err(ConfigError::InvalidHeaderName { name }) if name == "bad header"
+        ));
+        assert!(matches!(
+            HeaderKey::named(""),
+            Err(ConfigError::InvalidHeaderName { .. })
+        ));
     }
 
     #[test]

@@ -624,11 +624,7 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
         let (stores, factory, cost, exempt) = (self.stores, self.factory, self.cost, self.exempt);
         let mut common = self.common;
         if common.http_rejection {
-            common.error.get_or_insert(ConfigError::Invalid(
-                "status(), grpc_status(), the header options and reject_with() shape HTTP \
-                 rejections; after reject_with_errors() rejections are error values and \
-                 they would be ignored",
-            ));
+            common.error.get_or_insert(ConfigError::HttpSettingsIgnored);
         }
         SlidingWindowLayerBuilder {
             common,
@@ -686,23 +682,26 @@ impl<K, X, St, M, Co, Ex> SlidingWindowLayerBuilder<K, X, St, M, Co, Ex> {
             )?);
         }
         if stores.is_empty() {
-            return Err(ConfigError::Invalid("a layer needs at least one policy"));
+            return Err(ConfigError::NoPolicy);
         }
         if stores.len() > MAX_POLICIES {
-            return Err(ConfigError::Invalid("a layer accepts at most 8 policies"));
+            return Err(ConfigError::TooManyPolicies {
+                count: stores.len(),
+                max: MAX_POLICIES,
+            });
         }
         let mut limits: Vec<Limit<St>> = Vec::with_capacity(stores.len());
         for store in stores {
             let name = store.policy().name();
             if !response::is_valid_policy_name(name) {
-                return Err(ConfigError::Invalid(
-                    "policy names must be printable ASCII (they go into RateLimit headers)",
-                ));
+                return Err(ConfigError::InvalidPolicyName {
+                    name: name.to_owned(),
+                });
             }
             if limits.iter().any(|l| &*l.name == name) {
-                return Err(ConfigError::Invalid(
-                    "two policies of one layer share a name; give each a distinct Policy name",
-                ));
+                return Err(ConfigError::DuplicatePolicyName {
+                    name: name.to_owned(),
+                });
             }
             limits.push(Limit {
                 name: Arc::from(name),
@@ -926,25 +925,31 @@ mod tests {
     #[test]
     fn build_rejects_invalid_configuration_with_errors() {
         let no_policy = SlidingWindowLayer::<u8, _>::builder(key).build();
-        assert!(matches!(no_policy, Err(ConfigError::Invalid(_))));
+        assert!(matches!(no_policy, Err(ConfigError::NoPolicy)));
 
         let bad_status = SlidingWindowLayer::<u8, _>::builder(key)
             .policy(per_second(1))
             .status(http::StatusCode::OK)
             .build();
-        assert!(matches!(bad_status, Err(ConfigError::Invalid(_))));
+        assert!(matches!(bad_status, Err(ConfigError::InvalidStatus { .. })));
 
         let bad_code = SlidingWindowLayer::<u8, _>::builder(key)
             .policy(per_second(1))
             .grpc_status(0)
             .build();
-        assert!(matches!(bad_code, Err(ConfigError::Invalid(_))));
+        assert!(matches!(
+            bad_code,
+            Err(ConfigError::InvalidGrpcCode { code: 0 })
+        ));
 
         let twice = SlidingWindowLayer::<u8, _>::builder(key)
             .policy(per_second(1))
             .policy(per_second(2))
             .build();
-        assert!(matches!(twice, Err(ConfigError::Invalid(_))));
+        assert!(matches!(
+            twice,
+            Err(ConfigError::DuplicatePolicyName { .. })
+        ));
 
         let bad_name = SlidingWindowLayer::<u8, _>::builder(key)
             .policy(
@@ -956,7 +961,10 @@ mod tests {
                     .unwrap(),
             )
             .build();
-        assert!(matches!(bad_name, Err(ConfigError::Invalid(_))));
+        assert!(matches!(
+            bad_name,
+            Err(ConfigError::InvalidPolicyName { .. })
+        ));
 
         let too_many =
             (0..=MAX_POLICIES).fold(SlidingWindowLayer::<u8, _>::builder(key), |b, i| {
@@ -969,7 +977,10 @@ mod tests {
                         .unwrap(),
                 )
             });
-        assert!(matches!(too_many.build(), Err(ConfigError::Invalid(_))));
+        assert!(matches!(
+            too_many.build(),
+            Err(ConfigError::TooManyPolicies { count: 9, max: 8 })
+        ));
 
         let mixed = SlidingWindowLayer::<u8, _>::builder(key)
             .policy(per_second(1))
@@ -991,7 +1002,7 @@ mod tests {
             .policy(per_second(1))
             .max_keys(0)
             .build();
-        assert_eq!(zero_keys.unwrap_err(), ConfigError::ZeroMaxKeys);
+        assert!(matches!(zero_keys.unwrap_err(), ConfigError::ZeroMaxKeys));
     }
 
     #[test]

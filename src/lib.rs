@@ -133,7 +133,7 @@ pub use policy::{Policy, PolicyBuilder, Precision};
 pub use response::RateLimitHeaders;
 pub use service::SlidingWindow;
 pub use stats::{KeyUsage, Stats};
-pub use store::{Store, StoreError};
+pub use store::{Store, StoreError, StoreErrorKind};
 pub use wait::{Acquire, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected, WaitStats};
 #[doc(hidden)]
 pub use wait::{LocalStore, WindowSnapshot};

@@ -174,14 +174,12 @@ impl<H> sealed::Configure for HttpRejection<H> {
     fn validate(&self) -> Result<(), ConfigError> {
         let status = self.options.status;
         if !(status.is_client_error() || status.is_server_error()) {
-            return Err(ConfigError::Invalid(
-                "the rejection status must be a 4xx or 5xx status",
-            ));
+            return Err(ConfigError::InvalidStatus { status });
         }
         if !(1..=16).contains(&self.options.grpc_status) {
-            return Err(ConfigError::Invalid(
-                "the gRPC rejection code must be 1..=16 (8 is RESOURCE_EXHAUSTED)",
-            ));
+            return Err(ConfigError::InvalidGrpcCode {
+                code: self.options.grpc_status,
+            });
         }
         Ok(())
     }

@@ -6,9 +6,11 @@ use crate::decision::Decision;
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::wait::LocalStore;
+use std::error::Error;
 use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A place that decides and counts for keys of type `K` under one [`Policy`].
@@ -49,19 +51,87 @@ pub trait Store<K>: Send + Sync + 'static {
 
 /// A store could not decide: it is down, slow past its timeout, or answered with
 /// an error, and it is configured to fail closed.
+///
+/// [`kind`](StoreError::kind) says what went wrong, to match on;
+/// [`source`](std::error::Error::source) holds the underlying error when there
+/// is one (the `redis` crate's, say).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{StoreError, StoreErrorKind};
+///
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let error = StoreError::new(StoreErrorKind::ConnectionRefused, Duration::from_secs(1))
+///     .with_source(refused);
+/// assert_eq!(error.kind(), StoreErrorKind::ConnectionRefused);
+/// assert!(std::error::Error::source(&error).is_some());
+/// ```
 #[derive(Debug, Clone)]
 pub struct StoreError {
-    message: String,
+    kind: StoreErrorKind,
     retry_after: Duration,
+    source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+/// What kind of failure a [`StoreError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store did not answer within its timeout.
+    Timeout,
+    /// Nothing accepted the connection (no server listening at the address).
+    ConnectionRefused,
+    /// The connection failed otherwise: dropped, reset, unreachable, or a
+    /// name that did not resolve.
+    Connection,
+    /// The store refused the credentials or the command (`AUTH`, `NOPERM`).
+    Unauthorized,
+    /// The store is out of memory (Redis' `OOM` at `maxmemory`).
+    OutOfMemory,
+    /// The store is up but cannot serve now: loading its data, a read-only
+    /// replica, a cluster that is down or failing over.
+    Unavailable,
+    /// The decision script failed, or answered something it never answers.
+    Script,
+    /// Anything else; the source says what.
+    Other,
+}
+
+impl StoreErrorKind {
+    fn describe(self) -> &'static str {
+        match self {
+            StoreErrorKind::Timeout => "no answer within the timeout",
+            StoreErrorKind::ConnectionRefused => "connection refused",
+            StoreErrorKind::Connection => "connection failed",
+            StoreErrorKind::Unauthorized => "not authorized",
+            StoreErrorKind::OutOfMemory => "out of memory",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Script => "decision script failed",
+            StoreErrorKind::Other => "error",
+        }
+    }
 }
 
 impl StoreError {
-    /// A failure with a message and a suggested wait before retrying.
-    pub fn new(message: impl Into<String>, retry_after: Duration) -> Self {
+    /// A failure of `kind`, suggesting clients retry after `retry_after`.
+    pub fn new(kind: StoreErrorKind, retry_after: Duration) -> Self {
         StoreError {
-            message: message.into(),
+            kind,
             retry_after,
+            source: None,
         }
+    }
+
+    /// The same failure, caused by `source` (an error value, or a message as a
+    /// `String` or `&str`).
+    pub fn with_source(mut self, source: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        self.source = Some(Arc::from(source.into()));
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
     }
 
     /// How long a client should wait before retrying.
@@ -72,11 +142,19 @@ impl StoreError {
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rate-limit store unavailable: {}", self.message)
+        write!(f, "rate-limit store unavailable: {}", self.kind.describe())?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
     }
 }
 
-impl std::error::Error for StoreError {}
+impl Error for StoreError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
 
 impl<K, C> Store<K> for Limiter<K, C>
 where

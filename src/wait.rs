@@ -114,9 +114,7 @@ impl WaitConfig {
     /// add to an `Instant` (say `Duration::MAX`) means no bound on the wait.
     pub fn bounded(max_wait: Duration, max_queue: usize) -> Result<WaitConfig, ConfigError> {
         if max_queue == 0 {
-            return Err(ConfigError::Invalid(
-                "max_queue must be at least 1 (to never wait, reject instead)",
-            ));
+            return Err(ConfigError::ZeroMaxQueue);
         }
         Ok(WaitConfig {
             max_wait: Some(max_wait),

@@ -539,3 +539,40 @@ async fn decisions_resume_once_a_killed_redis_is_back() {
         "Redis back for 1 s, answered {d:?}"
     );
 }
+
+/// A Redis at `maxmemory` refuses the decision script's writes: the error
+/// says so (out of memory, not a timeout or a generic failure), with the
+/// `redis` crate's error as its source.
+#[tokio::test]
+async fn a_redis_out_of_memory_is_reported_as_such() {
+    let test = "a_redis_out_of_memory_is_reported_as_such";
+    let Some(server) = RedisServer::start(test).await else {
+        return;
+    };
+    let s = warmed(store(
+        &server.url(),
+        FailurePolicy::Closed,
+        &unique_prefix(test),
+    ))
+    .await;
+    assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
+    let mut admin = server.conn().await;
+    // One byte: every write is refused from now on (nothing can be evicted).
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+    let error = s.check_n(&"k", 1).await.unwrap_err();
+    assert_eq!(
+        error.kind(),
+        tower_sliding_window::StoreErrorKind::OutOfMemory,
+        "{error}"
+    );
+    assert!(std::error::Error::source(&error).is_some(), "{error:?}");
+    assert_eq!(error.retry_after(), CLOSED_RETRY_AFTER);
+}

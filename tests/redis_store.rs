@@ -247,7 +247,10 @@ async fn keys_are_the_prefix_and_a_hash_tag_around_the_key() {
         .prefix("rl:{tenant}:")
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::Invalid(_)), "{err:?}");
+    assert!(
+        matches!(err, ConfigError::InvalidRedisPrefix { .. }),
+        "{err:?}"
+    );
 }
 
 /// The bytes Redis Cluster hashes for `key` (its hash tag, if any).
@@ -517,7 +520,7 @@ async fn a_connection_of_your_own_works_like_the_managed_one() {
         .connection(conn)
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::Invalid(_)));
+    assert!(matches!(err, ConfigError::RedisConnectionConflict));
 }
 
 #[tokio::test]
@@ -525,14 +528,14 @@ async fn invalid_settings_are_rejected_at_build() {
     let p = || policy(5, Duration::from_secs(1), 10);
     let build = |b: tower_sliding_window::RedisStoreBuilder| b.build().unwrap_err();
     let open = || RedisStore::builder(p(), FailurePolicy::Open);
-    assert!(matches!(build(open()), ConfigError::Invalid(_)), "no URL");
-    assert!(matches!(
-        build(open().url("nope://")),
-        ConfigError::Invalid(_)
-    ));
+    assert!(matches!(build(open()), ConfigError::NoRedis), "no URL");
+    let bad_url = build(open().url("nope://"));
+    assert!(matches!(bad_url, ConfigError::InvalidRedisUrl { .. }));
+    // The redis crate's reason is kept as the source.
+    assert!(std::error::Error::source(&bad_url).is_some(), "{bad_url:?}");
     assert!(matches!(
         build(open().url(&redis_url()).timeout(Duration::ZERO)),
-        ConfigError::Invalid(_)
+        ConfigError::ZeroTimeout
     ));
     let tiny = RedisStore::builder(
         policy(5, Duration::from_nanos(5_000), 10),
@@ -550,7 +553,7 @@ async fn invalid_settings_are_rejected_at_build() {
         .build()
         .unwrap();
     let err = build(RedisStore::builder(named, FailurePolicy::Open).url(&redis_url()));
-    assert!(matches!(err, ConfigError::Invalid(_)));
+    assert!(matches!(err, ConfigError::InvalidRedisPrefix { .. }));
 }
 
 #[test]
@@ -559,7 +562,7 @@ fn building_outside_a_tokio_runtime_is_an_error_not_a_panic() {
         .url(&redis_url())
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::Invalid(_)));
+    assert!(matches!(err, ConfigError::NoRuntime));
 }
 
 #[allow(dead_code)]

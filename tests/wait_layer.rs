@@ -306,7 +306,7 @@ fn waiting_modes_are_checked_when_the_layer_is_built() {
             max_queue: 0,
         })
         .build();
-    assert!(matches!(no_queue, Err(ConfigError::Invalid(_))));
+    assert!(matches!(no_queue, Err(ConfigError::ZeroMaxQueue)));
 }
 
 /// A store that answers through a future only, like a remote one.

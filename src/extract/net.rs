@@ -49,29 +49,29 @@ impl IpNet {
     /// # Ok::<(), tower_sliding_window::ConfigError>(())
     /// ```
     pub fn new(addr: IpAddr, prefix_len: u8) -> Result<Self, ConfigError> {
-        let (addr, prefix_len) =
-            match addr {
-                IpAddr::V4(_) if prefix_len > 32 => {
-                    return Err(ConfigError::Invalid("an IPv4 prefix length must be 0..=32"))
-                }
-                IpAddr::V6(_) if prefix_len > 128 => {
-                    return Err(ConfigError::Invalid(
-                        "an IPv6 prefix length must be 0..=128",
-                    ))
-                }
-                // ::ffff:a.b.c.d/n with n >= 96 is the IPv4 network a.b.c.d/(n - 96).
-                // A shorter prefix masks the mapping away (::ffff:10.0.0.0/8 would be
-                // ::/8, trusting ::1 and no IPv4 peer): surely not what was meant.
-                IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                    Some(v4) if prefix_len >= 96 => (IpAddr::V4(v4), prefix_len - 96),
-                    Some(_) => return Err(ConfigError::Invalid(
-                        "an IPv4-mapped network (::ffff:a.b.c.d/n) needs a prefix of 96..=128; \
-                         write the IPv4 network (a.b.c.d/(n - 96)) instead",
-                    )),
-                    None => (addr, prefix_len),
-                },
-                IpAddr::V4(_) => (addr, prefix_len),
-            };
+        let (addr, prefix_len) = match addr {
+            IpAddr::V4(_) if prefix_len > 32 => {
+                return Err(ConfigError::PrefixTooLong {
+                    prefix_len,
+                    max: 32,
+                })
+            }
+            IpAddr::V6(_) if prefix_len > 128 => {
+                return Err(ConfigError::PrefixTooLong {
+                    prefix_len,
+                    max: 128,
+                })
+            }
+            // ::ffff:a.b.c.d/n with n >= 96 is the IPv4 network a.b.c.d/(n - 96).
+            // A shorter prefix masks the mapping away (::ffff:10.0.0.0/8 would be
+            // ::/8, trusting ::1 and no IPv4 peer): surely not what was meant.
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) if prefix_len >= 96 => (IpAddr::V4(v4), prefix_len - 96),
+                Some(_) => return Err(ConfigError::MappedPrefixTooShort { prefix_len }),
+                None => (addr, prefix_len),
+            },
+            IpAddr::V4(_) => (addr, prefix_len),
+        };
         Ok(IpNet {
             addr: mask(addr, prefix_len),
             prefix_len,
@@ -112,16 +112,41 @@ impl fmt::Display for IpNet {
 }
 
 /// Why a string is not an [`IpNet`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpNetParseError(&'static str);
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum IpNetParseError {
+    /// The part before `/` is not an IPv4 or IPv6 address.
+    InvalidAddress,
+    /// The part after `/` is not a decimal number of at most 255.
+    InvalidPrefixLength,
+    /// The prefix length makes no network of this address: longer than the
+    /// address, or an IPv4-mapped network below /96 (the source says which).
+    Network(ConfigError),
+}
 
 impl fmt::Display for IpNetParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid IP network: {}", self.0)
+        f.write_str("invalid IP network: ")?;
+        match self {
+            IpNetParseError::InvalidAddress => {
+                f.write_str("expected an IPv4 or IPv6 address before '/'")
+            }
+            IpNetParseError::InvalidPrefixLength => {
+                f.write_str("the prefix length must be a decimal number up to 128")
+            }
+            IpNetParseError::Network(e) => e.fmt(f),
+        }
     }
 }
 
-impl std::error::Error for IpNetParseError {}
+impl std::error::Error for IpNetParseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            IpNetParseError::Network(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl FromStr for IpNet {
     type Err = IpNetParseError;
@@ -131,25 +156,18 @@ impl FromStr for IpNet {
             Some((addr, prefix)) => (addr, Some(prefix)),
             None => (s, None),
         };
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| IpNetParseError("expected an IPv4 or IPv6 address before '/'"))?;
+        let addr: IpAddr = addr.parse().map_err(|_| IpNetParseError::InvalidAddress)?;
         match prefix {
             None => Ok(IpNet::from(addr)),
             Some(prefix) => {
                 // u8::from_str accepts a leading '+'; CIDR notation does not.
                 if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(IpNetParseError(
-                        "the prefix length must be a decimal number",
-                    ));
+                    return Err(IpNetParseError::InvalidPrefixLength);
                 }
                 let prefix_len: u8 = prefix
                     .parse()
-                    .map_err(|_| IpNetParseError("the prefix length is too large"))?;
-                IpNet::new(addr, prefix_len).map_err(|e| match e {
-                    ConfigError::Invalid(why) => IpNetParseError(why),
-                    _ => IpNetParseError("the prefix length is too large"),
-                })
+                    .map_err(|_| IpNetParseError::InvalidPrefixLength)?;
+                IpNet::new(addr, prefix_len).map_err(IpNetParseError::Network)
             }
         }
     }
@@ -186,7 +204,10 @@ impl Default for IpGrouping {
 impl IpGrouping {
     pub(crate) fn with_v6_prefix(self, prefix_len: u8) -> Result<Self, ConfigError> {
         if prefix_len > 128 {
-            return Err(ConfigError::Invalid("ipv6_prefix must be 0..=128"));
+            return Err(ConfigError::PrefixTooLong {
+                prefix_len,
+                max: 128,
+            });
         }
         Ok(IpGrouping {
             v6_prefix: prefix_len,
@@ -196,7 +217,10 @@ impl IpGrouping {
 
     pub(crate) fn with_v4_prefix(self, prefix_len: u8) -> Result<Self, ConfigError> {
         if prefix_len > 32 {
-            return Err(ConfigError::Invalid("ipv4_prefix must be 0..=32"));
+            return Err(ConfigError::PrefixTooLong {
+                prefix_len,
+                max: 32,
+            });
         }
         Ok(IpGrouping {
             v4_prefix: prefix_len,
@@ -294,6 +318,28 @@ mod tests {
         ] {
             assert!(bad.parse::<IpNet>().is_err(), "{bad:?} parsed");
         }
+        // Each reason has its own variant.
+        let why = |s: &str| s.parse::<IpNet>().unwrap_err();
+        assert!(matches!(why("garbage"), IpNetParseError::InvalidAddress));
+        assert!(matches!(
+            why("10.0.0.0/+8"),
+            IpNetParseError::InvalidPrefixLength
+        ));
+        assert!(matches!(
+            why("10.0.0.0/300"),
+            IpNetParseError::InvalidPrefixLength
+        ));
+        assert!(matches!(
+            why("::/129"),
+            IpNetParseError::Network(ConfigError::PrefixTooLong {
+                prefix_len: 129,
+                max: 128
+            })
+        ));
+        assert!(matches!(
+            why("::ffff:10.0.0.0/8"),
+            IpNetParseError::Network(ConfigError::MappedPrefixTooShort { prefix_len: 8 })
+        ));
     }
 
     #[test]

@@ -28,9 +28,11 @@ use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::policy::{Policy, Precision};
 use crate::stats::bump;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreErrorKind};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, FromRedisValue, RedisError, Script, ScriptInvocation};
+use ::redis::{
+    Client, ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind,
+};
 use deny_cache::DenyCache;
 use std::fmt;
 use std::future::Future;
@@ -286,7 +288,7 @@ impl RedisStore {
         let now_us = u64::try_from(now.as_micros()).map_err(|e| e.to_string())?;
         match self.inner.run_check(&user, cost, Some(now_us)).await {
             Ok(d) => Ok(d),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into_error(Duration::ZERO).to_string()),
         }
     }
 }
@@ -393,26 +395,21 @@ impl RedisStoreBuilder {
     /// is down.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(ConfigError::Invalid(
-                "RedisStore must be built inside a tokio runtime (its connection runs there)",
-            ));
+            return Err(ConfigError::NoRuntime);
         }
-        let client =
-            match (self.client, self.connection.is_some()) {
-                (Some(_), true) => {
-                    return Err(ConfigError::Invalid(
-                        "RedisStore takes either a URL / client or a connection, not both",
-                    ))
-                }
-                (Some(Ok(client)), false) => Some(client),
-                (Some(Err(_)), false) => return Err(ConfigError::Invalid("invalid Redis URL")),
-                (None, true) => None,
-                (None, false) => return Err(ConfigError::Invalid(
-                    "RedisStore needs a Redis to talk to: call .url(), .client() or .connection()",
-                )),
-            };
+        let client = match (self.client, self.connection.is_some()) {
+            (Some(_), true) => return Err(ConfigError::RedisConnectionConflict),
+            (Some(Ok(client)), false) => Some(client),
+            (Some(Err(e)), false) => {
+                return Err(ConfigError::InvalidRedisUrl {
+                    source: Box::new(e),
+                })
+            }
+            (None, true) => None,
+            (None, false) => return Err(ConfigError::NoRedis),
+        };
         if self.timeout.is_zero() {
-            return Err(ConfigError::Invalid("RedisStore timeout must be non-zero"));
+            return Err(ConfigError::ZeroTimeout);
         }
         let policy = self.policy;
         // Redis' TIME has microsecond resolution.
@@ -429,15 +426,15 @@ impl RedisStoreBuilder {
         let span_us = width_us as u128 * (buckets as u128 + 1);
         // Slot times are microseconds since 1970 (about 2^51 today) plus a span.
         if span_us >= 1 << 52 {
-            return Err(ConfigError::Invalid(
-                "window too long for the Redis store (at most about 140 years)",
-            ));
+            let max_width_us = ((1u64 << 52) - 1) / (u64::from(buckets) + 1);
+            return Err(ConfigError::WindowTooLong {
+                window: policy.window(),
+                max: Duration::from_micros(max_width_us * u64::from(buckets)),
+            });
         }
         let interpolated = policy.precision() == Precision::Interpolated;
         if interpolated && (policy.limit() as u128 + 1) * width_us as u128 >= LUA_EXACT {
-            return Err(ConfigError::Invalid(
-                "interpolated precision on Redis needs (limit + 1) × bucket width in µs below 2^53; use fewer units, narrower buckets or strict precision",
-            ));
+            return Err(ConfigError::InterpolationOutOfRange);
         }
         let prefix = match self.prefix {
             Some(prefix) => prefix,
@@ -462,9 +459,7 @@ impl RedisStoreBuilder {
             }
         };
         if prefix.contains(['{', '}']) {
-            return Err(ConfigError::Invalid(
-                "Redis key prefix must not contain '{' or '}' (the policy name is part of the default prefix; set .prefix())",
-            ));
+            return Err(ConfigError::InvalidRedisPrefix { prefix });
         }
         let conn = match (client, self.connection) {
             (Some(client), _) => {
@@ -485,7 +480,9 @@ impl RedisStoreBuilder {
                     .set_pipeline_buffer_size(1024);
                 let current =
                     ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                        .map_err(|_| ConfigError::Invalid("invalid Redis connection settings"))?;
+                        .map_err(|e| ConfigError::InvalidRedisUrl {
+                            source: Box::new(e),
+                        })?;
                 Connection::Managed(Box::new(Managed {
                     client,
                     config,
@@ -495,9 +492,7 @@ impl RedisStoreBuilder {
                 }))
             }
             (None, Some(connection)) => connection,
-            (None, None) => {
-                return Err(ConfigError::Invalid("RedisStore needs a Redis to talk to"))
-            }
+            (None, None) => return Err(ConfigError::NoRedis),
         };
         let inner = Arc::new(Inner {
             deny_cache: (self.deny_cache_capacity > 0).then(|| {
@@ -659,13 +654,50 @@ enum Failure {
     Reply,
 }
 
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Failure {
+    /// The failure as a store error, keeping the `redis` crate's error as its
+    /// source.
+    fn into_error(self, retry_after: Duration) -> StoreError {
         match self {
-            Failure::Timeout => f.write_str("Redis did not answer within the timeout"),
-            Failure::Redis(e) => write!(f, "Redis error: {e}"),
-            Failure::Reply => f.write_str("unexpected reply from the decision script"),
+            Failure::Timeout => StoreError::new(StoreErrorKind::Timeout, retry_after),
+            Failure::Redis(e) => StoreError::new(kind_of(&e), retry_after).with_source(e),
+            Failure::Reply => StoreError::new(StoreErrorKind::Script, retry_after)
+                .with_source("unexpected reply from the decision script"),
         }
+    }
+}
+
+/// What kind of failure a `redis` crate error is.
+fn kind_of(e: &RedisError) -> StoreErrorKind {
+    if e.is_connection_refusal() {
+        return StoreErrorKind::ConnectionRefused;
+    }
+    if e.is_timeout() {
+        return StoreErrorKind::Timeout;
+    }
+    match e.code() {
+        Some("OOM") => return StoreErrorKind::OutOfMemory,
+        Some("NOAUTH" | "WRONGPASS") => return StoreErrorKind::Unauthorized,
+        _ => {}
+    }
+    match e.kind() {
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => StoreErrorKind::Connection,
+        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            StoreErrorKind::Unauthorized
+        }
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain,
+        ) => StoreErrorKind::Unavailable,
+        ErrorKind::Server(
+            ServerErrorKind::ResponseError | ServerErrorKind::ExecAbort | ServerErrorKind::NoScript,
+        )
+        | ErrorKind::Parse
+        | ErrorKind::UnexpectedReturnType => StoreErrorKind::Script,
+        _ => StoreErrorKind::Other,
     }
 }
 
@@ -706,8 +738,8 @@ impl Inner {
         };
         match tokio::time::timeout(timeout, load).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(self.store_error(&Failure::Redis(e))),
-            Err(_) => Err(self.store_error(&Failure::Timeout)),
+            Ok(Err(e)) => Err(Failure::Redis(e).into_error(self.closed_retry_after)),
+            Err(_) => Err(Failure::Timeout.into_error(self.closed_retry_after)),
         }
     }
 
@@ -799,25 +831,22 @@ impl Inner {
     }
 
     fn failed(&self, failure: Failure) -> Result<Decision, StoreError> {
-        self.note_failure(&failure);
+        let error = self.note_failure(failure);
         match self.failure {
             FailurePolicy::Open => {
                 bump(&self.counters.failed_open);
                 Ok(Decision::allow_unchecked(self.limit))
             }
-            FailurePolicy::Closed => Err(self.store_error(&failure)),
+            FailurePolicy::Closed => Err(error),
         }
-    }
-
-    fn store_error(&self, failure: &Failure) -> StoreError {
-        StoreError::new(failure.to_string(), self.closed_retry_after)
     }
 
     /// Count a failure and warn, at most once per [`WARN_INTERVAL`]: a Redis
     /// outage under load must not turn into a flood of log lines.
-    fn note_failure(&self, failure: &Failure) {
+    fn note_failure(&self, failure: Failure) -> StoreError {
+        let error = failure.into_error(self.closed_retry_after);
         bump(&self.counters.failures);
-        if matches!(failure, Failure::Timeout) {
+        if error.kind() == StoreErrorKind::Timeout {
             bump(&self.counters.timeouts);
         }
         if self.warnings.due(Instant::now()) {
@@ -825,9 +854,11 @@ impl Inner {
                 failures = self.counters.failures.load(Relaxed),
                 failed_open = self.counters.failed_open.load(Relaxed),
                 policy = ?self.failure,
-                "rate-limit store: {failure}"
+                kind = ?error.kind(),
+                "{error}"
             );
         }
+        error
     }
 
     /// What an undo of `decision` gives back (nothing unless it counted units), after
@@ -853,7 +884,7 @@ impl Inner {
         let mut invocation = self.undo.prepare_invoke();
         invocation.key(self.full_key(&user)).arg(slot).arg(cost);
         if let Err(failure) = self.invoke::<i64>(&invocation).await {
-            self.note_failure(&failure);
+            self.note_failure(failure);
         }
         // A check sent before the undo reached Redis may have been denied and
         // cached meanwhile: the units are back now, so forget it again.
@@ -937,10 +968,8 @@ impl Future for RedisFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().state {
             State::Ready(result) => Poll::Ready(result.take().unwrap_or_else(|| {
-                Err(StoreError::new(
-                    "decision polled after completion",
-                    Duration::ZERO,
-                ))
+                Err(StoreError::new(StoreErrorKind::Other, Duration::ZERO)
+                    .with_source("decision polled after completion"))
             })),
             State::Remote(future) => future.as_mut().poll(cx),
         }
