@@ -145,7 +145,7 @@ fn governor(burst: u32) -> GovernorLayer<GlobalKeyExtractor, NoOpMiddleware, Bod
     GovernorLayer::new(Arc::new(config))
 }
 
-fn sliding(limit: u32, headers_on_allowed: bool) -> SlidingWindowLayer<(), GlobalKey> {
+fn sliding(limit: u32, headers_on_allowed: bool) -> SlidingWindowLayer<GlobalKey> {
     let policy = Policy::per(limit, Duration::from_secs(3600)).unwrap();
     SlidingWindowLayer::builder(GlobalKey)
         .policy(policy)

@@ -23,7 +23,8 @@ use limiters::{
 };
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use support::Keys;
-use tower_sliding_window::{Clock, CoarseClock, ManualClock};
+use tower_sliding_window::clock::{Clock, CoarseClock};
+use tower_sliding_window::ManualClock;
 
 /// The least a check can cost on the map ours keeps its rings in: the
 /// coarse clock read, a papaya lookup (foldhash, as ours) of a ring-sized

@@ -23,7 +23,8 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
 use tower::Layer;
-use tower_sliding_window::{AutoClock, Clock, Limiter, ManualClock, Policy, TokioClock};
+use tower_sliding_window::clock::{AutoClock, Clock, TokioClock};
+use tower_sliding_window::{Limiter, ManualClock, Policy};
 
 const KEYS: u64 = 100_000;
 
@@ -39,11 +40,11 @@ fn ours<C: Clock>(clock: C, denied: bool, keys: u64, iters: u64) {
         .build()
         .unwrap();
     for k in 0..keys {
-        l.check(&k);
+        let _ = l.check(&k);
     }
     let mut k = 0;
     for _ in 0..iters {
-        black_box(l.check(black_box(&k)));
+        let _ = black_box(l.check(black_box(&k)));
         k += 1;
         if k == keys {
             k = 0;

@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tower_sliding_window::redis::{self, aio::MultiplexedConnection};
+use tower_sliding_window::redis::redis::{self, aio::MultiplexedConnection};
 use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
 
 const ROW_DURATION: Duration = Duration::from_secs(2);
@@ -265,7 +265,7 @@ async fn raw_row(url: &str, admin: &mut MultiplexedConnection, callers: usize) -
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let script = redis::Script::new(include_str!("../src/redis_store/check.lua"));
+    let script = redis::Script::new(include_str!("../src/redis/check.lua"));
     let before = sample(admin).await;
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();

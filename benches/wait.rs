@@ -8,7 +8,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tower_sliding_window::{Limiter, Policy, WaitConfig, WaitQueues};
+use tower_sliding_window::wait::WaitQueues;
+use tower_sliding_window::{Limiter, Policy, WaitConfig};
 
 struct Run {
     nanos_per_waiter: f64,
@@ -172,13 +173,13 @@ fn fast_path(iters: u32) -> (f64, f64) {
         let bare = limiter(limit);
         let started = Instant::now();
         for i in 0..iters {
-            std::hint::black_box(bare.check_n(&(i % 64), 1));
+            let _ = std::hint::black_box(bare.check_n(&(i % 64), 1));
         }
         let check = started.elapsed().as_nanos() as f64 / iters as f64;
         let started = Instant::now();
         for i in 0..iters {
             let a = queues.acquire(i % 64, 1);
-            std::hint::black_box(a.await.unwrap());
+            let _ = std::hint::black_box(a.await.unwrap());
         }
         let acquire = started.elapsed().as_nanos() as f64 / iters as f64;
         (check, acquire)

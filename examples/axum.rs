@@ -8,7 +8,7 @@ use axum::{body::Body, routing::get, Router};
 use http::Request;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
-use tower_sliding_window::{HeaderKey, KeyExtractor, PeerIp, Policy, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, HeaderKey, KeyExtractor, PeerIp, Policy, SlidingWindowLayer};
 
 /// Who a request is counted against.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -27,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peer_ip = PeerIp::new();
     let by_key = SlidingWindowLayer::builder({
         let api_key = api_key.clone();
-        move |req: &Request<Body>| api_key.extract(req).map(Client::ApiKey)
+        key_fn(move |req: &Request<Body>| api_key.extract(req).map(Client::ApiKey))
     })
     .policy(
         Policy::builder()
@@ -41,12 +41,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // API clients get their remaining budget on every response.
     .headers_on_allowed(true)
     .build()?;
-    let by_ip = SlidingWindowLayer::builder(move |req: &Request<Body>| {
+    let by_ip = SlidingWindowLayer::builder(key_fn(move |req: &Request<Body>| {
         if api_key.extract(req).is_some() {
             return None; // counted by key instead
         }
         peer_ip.extract(req).map(Client::Ip)
-    })
+    }))
     .policy(
         Policy::builder()
             .name("anonymous")

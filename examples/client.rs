@@ -4,8 +4,8 @@
 //! A local axum server enforces 5 requests per 500 ms (reject mode: 429). The
 //! client is a hyper-util client wrapped in `SlidingWindowLayer`, first with
 //! `OnLimit::Wait` (15 requests fired at once wait their turn inside their
-//! response futures), then with `OnLimit::Backpressure` (4 workers sharing clones
-//! of one service, held back in `poll_ready`). The run prints every status and
+//! response futures), then with `backpressure()` (4 workers sharing clones of
+//! one service, held back in `poll_ready`). The run prints every status and
 //! ends with zero 429s; the same burst without the layer gets 10 of them.
 //!
 //! `cargo run --example client`
@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_sliding_window::{GlobalKey, OnLimit, Policy, SlidingWindowLayer};
+use tower_sliding_window::{GlobalKey, OnLimit, Policy, SlidingWindowLayer, WaitConfig};
 
 const QUOTA: u32 = 5;
 const WINDOW: Duration = Duration::from_millis(500);
@@ -84,10 +84,10 @@ async fn main() -> Result<(), BoxError> {
     let addr = upstream().await?;
     let layer = SlidingWindowLayer::builder(GlobalKey)
         .policy(Policy::per(QUOTA, CLIENT_WINDOW)?)
-        .on_limit(OnLimit::Wait {
-            max_wait: Duration::from_secs(5),
-            max_queue: 64,
-        })
+        .on_limit(OnLimit::Wait(WaitConfig::bounded(
+            Duration::from_secs(5),
+            64,
+        )?))
         .reject_with_errors()
         .build()?;
     let svc = ServiceBuilder::new().layer(layer).service(client.clone());
@@ -115,11 +115,11 @@ async fn main() -> Result<(), BoxError> {
     let addr = upstream().await?;
     let layer = SlidingWindowLayer::builder(GlobalKey)
         .policy(Policy::per(QUOTA, CLIENT_WINDOW)?)
-        .on_limit(OnLimit::Backpressure)
+        .backpressure()
         .reject_with_errors()
         .build()?;
     let svc = ServiceBuilder::new().layer(layer).service(client.clone());
-    println!("OnLimit::Backpressure: 4 workers, {REQUESTS} requests in all");
+    println!("backpressure(): 4 workers, {REQUESTS} requests in all");
     let start = Instant::now();
     let mut workers = Vec::new();
     for worker in 0..4 {
@@ -154,7 +154,7 @@ async fn main() -> Result<(), BoxError> {
     println!();
     for (label, t) in [
         ("with OnLimit::Wait        ", &waited),
-        ("with OnLimit::Backpressure", &backpressured),
+        ("with backpressure()       ", &backpressured),
         ("without the layer         ", &bare),
     ] {
         println!(

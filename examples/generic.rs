@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
-use tower_sliding_window::{Policy, RateLimited, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, Policy, RateLimited, SlidingWindowLayer};
 
 #[derive(Debug)]
 struct Job {
@@ -16,7 +16,7 @@ struct Job {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // 10 units per second per tenant; a job costs its size.
-    let layer = SlidingWindowLayer::builder(|job: &Job| Some(job.tenant))
+    let layer = SlidingWindowLayer::builder(key_fn(|job: &Job| Some(job.tenant)))
         .policy(Policy::per(10, Duration::from_secs(1))?)
         .cost(|job: &Job| job.size)
         .reject_with_errors()

@@ -8,7 +8,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use tower_sliding_window::{Policy, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, Policy, SlidingWindowLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,7 +17,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_reporter, health) = tonic_health::server::health_reporter();
 
     // Key: the gRPC method, so one method's flood does not starve another.
-    let by_method = |req: &http::Request<tonic::body::Body>| Some(req.uri().path().to_owned());
+    let by_method =
+        key_fn(|req: &http::Request<tonic::body::Body>| Some(req.uri().path().to_owned()));
     let policy = Policy::builder()
         .name("health")
         .limit(3)

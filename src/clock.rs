@@ -71,6 +71,7 @@ impl Clock for TokioClock {
 
 /// Where an [`AutoClock`] reads the time, chosen once when it is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TimeSource {
     /// tokio's clock ([`TokioClock`]): the clock was built inside a tokio runtime
     /// whose time is paused, so tests drive it with `tokio::time::advance`; or
@@ -104,7 +105,7 @@ pub enum TimeSource {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_sliding_window::{AutoClock, Clock, TimeSource};
+/// use tower_sliding_window::clock::{AutoClock, Clock, TimeSource};
 ///
 /// // Not inside a paused runtime: a 100 ms bucket is read from the coarse clock
 /// // where there is one, a 100 µs bucket from the precise one.
@@ -239,7 +240,8 @@ fn tokio_clock_is_paused() -> bool {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_sliding_window::{CoarseClock, Limiter, Policy};
+/// use tower_sliding_window::clock::CoarseClock;
+/// use tower_sliding_window::{Limiter, Policy};
 ///
 /// let limiter = Limiter::builder(Policy::per(100, Duration::from_secs(1)).unwrap())
 ///     .clock(CoarseClock::new())
@@ -300,7 +302,7 @@ impl Clock for CoarseClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_sliding_window::{Clock, ManualClock};
+/// use tower_sliding_window::clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new();
 /// let handle = clock.clone();

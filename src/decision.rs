@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// What the limiter decided for one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The units were admitted (and counted, unless this was a peek).
     Allowed,
@@ -34,6 +35,7 @@ pub enum Outcome {
 /// assert!(third.retry_after().unwrap() > Duration::ZERO);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[must_use = "a decision says whether the units were admitted"]
 pub struct Decision {
     pub(crate) outcome: Outcome,
     pub(crate) limit: u32,
@@ -145,10 +147,10 @@ impl Decision {
         }
     }
 
-    /// The bucket slot (clock time / bucket width) the units were counted in.
-    /// Exposed for tests that verify the window guarantee slot by slot.
-    #[doc(hidden)]
-    pub fn recorded_slot(&self) -> u64 {
+    /// The bucket slot (clock time / bucket width) the units were counted in,
+    /// for tests that verify the window guarantee slot by slot.
+    #[cfg(test)]
+    pub(crate) fn recorded_slot(&self) -> u64 {
         self.slot
     }
 

@@ -58,7 +58,7 @@ pub enum ConfigError {
     TooManyPolicies {
         /// The number given.
         count: usize,
-        /// The most accepted ([`MAX_POLICIES`](crate::MAX_POLICIES)).
+        /// The most accepted ([`MAX_POLICIES`](crate::layer::MAX_POLICIES)).
         max: usize,
     },
     /// Two policies of one layer share a name; their `RateLimit` header
@@ -229,93 +229,3 @@ impl Error for ConfigError {
         }
     }
 }
-
-/// A request the layer rejected because a policy's limit was reached: the error
-/// value a non-HTTP service sees (boxed in tower's [`BoxError`](tower::BoxError)
-/// convention; downcast to get it back).
-///
-/// ```
-/// use std::time::Duration;
-/// use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-/// use tower_sliding_window::{GlobalKey, Policy, RateLimited, SlidingWindowLayer};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let layer = SlidingWindowLayer::builder(GlobalKey)
-///     .policy(Policy::per(1, Duration::from_secs(60)).unwrap())
-///     .reject_with_errors()
-///     .build()
-///     .unwrap();
-/// let mut svc = ServiceBuilder::new()
-///     .layer(layer)
-///     .service_fn(|n: u32| async move { Ok::<_, BoxError>(n * 2) });
-///
-/// assert_eq!(svc.ready().await.unwrap().call(21).await.unwrap(), 42);
-/// let err = svc.ready().await.unwrap().call(21).await.unwrap_err();
-/// let limited = err.downcast_ref::<RateLimited>().unwrap();
-/// assert_eq!(limited.policy_name(), "default");
-/// assert!(limited.retry_after().unwrap() > Duration::ZERO);
-/// # }
-/// ```
-#[derive(Debug, Clone)]
-pub struct RateLimited {
-    decision: crate::Decision,
-    policy_name: std::sync::Arc<str>,
-}
-
-impl RateLimited {
-    pub(crate) fn new(decision: crate::Decision, policy_name: std::sync::Arc<str>) -> Self {
-        RateLimited {
-            decision,
-            policy_name,
-        }
-    }
-
-    /// The denying policy's decision (limit, remaining, retry and reset times).
-    pub fn decision(&self) -> &crate::Decision {
-        &self.decision
-    }
-
-    /// The name of the policy that denied the request ([`Policy::name`](crate::Policy::name)).
-    pub fn policy_name(&self) -> &str {
-        &self.policy_name
-    }
-
-    /// How long until the request could pass; `None` when its cost exceeds the
-    /// limit, so no wait helps.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.decision.retry_after()
-    }
-}
-
-impl fmt::Display for RateLimited {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.decision.retry_after() {
-            Some(wait) => write!(
-                f,
-                "rate limit of policy \"{}\" exceeded; retry after {wait:?}",
-                self.policy_name
-            ),
-            None => write!(
-                f,
-                "request cost exceeds the limit of policy \"{}\"",
-                self.policy_name
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RateLimited {}
-
-/// A request had no rate-limit key and the layer is set to
-/// [`MissingKey::Reject`](crate::MissingKey::Reject): the error value a non-HTTP
-/// service sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct KeyMissing;
-
-impl fmt::Display for KeyMissing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("request has no rate-limit key")
-    }
-}
-
-impl std::error::Error for KeyMissing {}

@@ -1,39 +1,28 @@
-//! A keyed, lock-free sliding-window rate limiter that never admits more than its
-//! limit in any window.
-//!
-//! The core [`Limiter`] works on its own: `check(&key)` returns a [`Decision`]
-//! with everything rate-limit headers need.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_sliding_window::{Limiter, Policy};
-//!
-//! let limiter = Limiter::new(Policy::per(100, Duration::from_secs(60)).unwrap()).unwrap();
-//! let decision = limiter.check(&"api-key-1");
-//! assert!(decision.is_allowed());
-//! assert_eq!(decision.remaining(), 99);
-//! ```
+//! A keyed, lock-free sliding-window rate limiter for tower, axum, hyper and
+//! tonic that never admits more than its limit in any window.
 //!
 //! # The tower layer
 //!
 //! [`SlidingWindowLayer`] puts the limiter in front of any tower service: axum,
-//! hyper, tonic, or a service of your own request type. Its limiters are created
-//! when the layer is built, so every clone and every connection shares them.
+//! hyper, tonic, or a service of your own request type. Each request yields a
+//! key (a [ready extractor](extract) or your closure, [`key_fn`]); each key has
+//! its own window. The limiters are created when the layer is built, so every
+//! clone and every connection shares them.
 //!
 //! ```
 //! use std::time::Duration;
 //! use axum::{body::Body, routing::get, Router};
 //! use http::{Request, StatusCode};
 //! use tower::ServiceExt;
-//! use tower_sliding_window::{Policy, SlidingWindowLayer};
+//! use tower_sliding_window::{HeaderKey, Policy, SlidingWindowLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // 2 requests per minute per API key.
-//! let api_key = |req: &Request<Body>| {
-//!     req.headers().get("x-api-key").map(|v| v.as_bytes().to_vec())
-//! };
-//! let layer = SlidingWindowLayer::new(Policy::per(2, Duration::from_secs(60))?, api_key)?;
+//! let layer = SlidingWindowLayer::new(
+//!     Policy::per(2, Duration::from_secs(60))?,
+//!     HeaderKey::named("x-api-key")?,
+//! )?;
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
 //!
 //! let call = || {
@@ -55,95 +44,113 @@
 //! `grpc-status: 8` (RESOURCE_EXHAUSTED); a request of any other type, through
 //! [`reject_with_errors`](SlidingWindowLayerBuilder::reject_with_errors), gets a
 //! [`RateLimited`] error. See [`SlidingWindowLayerBuilder`] for several policies,
-//! request costs, exemptions, dry runs and remote [`Store`]s.
+//! request costs, exemptions, dry runs and remote [`Store`]s, and the
+//! [guide] for naming the layer's types, ordering it with other middleware
+//! and writing a store of your own.
 //!
 //! Instead of rejecting, a request over the limit can wait its turn in its
 //! response future, FIFO per key and bounded ([`OnLimit::Wait`]), or a global
-//! limit can hold back `poll_ready` ([`OnLimit::Backpressure`]). The queues
-//! work without tower too: [`WaitQueues`] and [`Backpressure`].
+//! limit can hold back `poll_ready`
+//! ([`backpressure`](SlidingWindowLayerBuilder::backpressure)). The queues
+//! work without tower too: [`wait::WaitQueues`] and [`wait::Backpressure`].
+//!
+//! # The limiter on its own
+//!
+//! The core [`Limiter`] works without tower: `check(&key)` returns a
+//! [`Decision`] with everything rate-limit headers need.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_sliding_window::{Limiter, Policy};
+//!
+//! let limiter = Limiter::new(Policy::per(100, Duration::from_secs(60))?)?;
+//! let decision = limiter.check(&"api-key-1");
+//! assert!(decision.is_allowed());
+//! assert_eq!(decision.remaining(), 99);
+//! # Ok::<(), tower_sliding_window::ConfigError>(())
+//! ```
 //!
 //! # The precision guarantee
 //!
 //! In [`Precision::Strict`] mode (the default), **no interval of length `window`
 //! ever holds more than `limit` admitted units**, under any interleaving of
-//! concurrent checks. A window is cut into N buckets and a check counts the N + 1
-//! buckets the last window touches, so at saturation it admits at least
-//! N/(N+1) of what an exact sliding log would (94% with the default 15 buckets).
-//! GCRA and fixed-window limiters let up to 2 × limit through in some window.
+//! concurrent checks. GCRA and fixed-window limiters let up to 2 × limit
+//! through in some window.
+//!
+//! The price is paid in one bucket: a window is cut into N buckets (15 by
+//! default) and a check counts the N + 1 buckets the last window touches, so
+//! a unit counts for up to one window plus one bucket. Under sustained
+//! saturation strict mode admits at least N/(N+1) of what an exact sliding
+//! log admits (94% with 15 buckets). A client that sends its whole quota in
+//! one burst and the next burst one window later is denied until the bucket
+//! of the first burst has left, up to one bucket more than a window
+//! (`Retry-After` says exactly when); bursts spaced between a window and a
+//! window plus a bucket apart get about half of what an exact log would give.
+//! More buckets shorten that delay, and [`OnLimit::Wait`] turns the denial
+//! into a wait of at most one bucket. [`Precision::Interpolated`] admits
+//! closer to an exact log, without the guarantee.
 //!
 //! # Time
 //!
-//! Decisions use a [`Clock`]. A [`Limiter`]'s default, [`AutoClock`], follows
-//! tokio's clock when built inside a paused tokio runtime (so tests run on paused
-//! time) and otherwise reads the cheapest monotonic clock fine enough for the
-//! policy. The tower layer's limiters use it too, on tokio's clock when the layer
-//! waits (its waits are tokio timers). [`ManualClock`] is set by hand;
-//! [`CoarseClock`] is opt-in.
+//! Decisions use a [`Clock`](clock::Clock). A [`Limiter`]'s default,
+//! [`AutoClock`](clock::AutoClock), follows tokio's clock when built inside a
+//! paused tokio runtime (so tests run on paused time) and otherwise reads the
+//! cheapest monotonic clock fine enough for the policy. The tower layer's
+//! limiters use it too, on tokio's clock when the layer waits (its waits are
+//! tokio timers). [`ManualClock`] is set by hand.
+//!
+//! # Modules
+//!
+//! The common types are at the root; the rest is grouped by concern:
+//! [`extract`] (keys, costs, exemptions), [`layer`] (rejection modes, the
+//! response future, the builder's states), [`store`] (where counts live, the
+//! in-memory [`Limiter`] and its stats), [`wait`] (waiting queues and
+//! backpressure), [`clock`], [`redis`] (feature `redis`), and
+//! the [guide].
 //!
 //! # Feature flags
 //!
-//! - `redis`: `RedisStore`, a [`Store`] in Redis shared by a fleet of instances,
-//!   with the same strict guarantee (one Lua script per decision on Redis' own
-//!   clock, hash-tagged keys that expire by themselves, a timeout with an explicit
-//!   fail-open / fail-closed choice, and a local deny cache). Give it to
-//!   [`SlidingWindowLayerBuilder::store`].
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `redis` | off | [`RedisStore`], a [`Store`] in Redis shared by a fleet of instances, with the same strict guarantee (one Lua script per decision on Redis' own clock, hash-tagged keys that expire by themselves, a timeout with an explicit fail-open / fail-closed choice, and a local deny cache) |
+//! | `axum` | off | [`PeerIp`] and [`ClientIp`] read axum 0.8's `ConnectInfo<SocketAddr>` extension (without it they read a plain `SocketAddr` extension) |
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backpressure;
-mod clock;
+pub mod clock;
 mod decision;
 mod error;
-mod extract;
-pub mod future;
-mod layer;
+pub mod extract;
+pub mod guide;
+pub mod layer;
 mod limiter;
-mod mode;
 mod policy;
 #[cfg(feature = "redis")]
-mod redis_store;
-mod response;
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod ring;
-mod service;
 mod stats;
-mod store;
+pub mod store;
 mod sync;
-mod wait;
-mod waiting;
+pub mod wait;
 
-pub use backpressure::Backpressure;
-#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
-pub use clock::CoarseClock;
-pub use clock::{AutoClock, Clock, ManualClock, TimeSource, TokioClock};
+#[cfg(all(test, not(tsw_loom)))]
+mod tests;
+
+pub use clock::ManualClock;
 pub use decision::{Decision, Outcome};
-pub use error::{ConfigError, KeyMissing, RateLimited};
-pub use extract::{
-    ClientIp, GlobalKey, HeaderKey, IpNet, IpNetParseError, KeyExtractor, PeerIp, ProxyHeader,
-};
+pub use error::ConfigError;
+pub use extract::{key_fn, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 pub use layer::{
-    Exemption, LayerStats, MissingKey, NoExemption, OnLimit, RequestCost, SlidingWindowLayer,
-    SlidingWindowLayerBuilder, UnitCost, MAX_POLICIES,
+    MissingKey, OnLimit, RateLimited, SlidingWindow, SlidingWindowLayer, SlidingWindowLayerBuilder,
 };
-pub use limiter::{Limiter, LimiterBuilder};
-pub use mode::{
-    DefaultResponse, ErrorRejection, HttpRejection, ModeConfig, RejectResponse, RejectionMode,
-};
+pub use limiter::Limiter;
 pub use policy::{Policy, PolicyBuilder, Precision};
-pub use response::RateLimitHeaders;
-pub use service::SlidingWindow;
-pub use stats::{KeyUsage, Stats};
 pub use store::{Store, StoreError, StoreErrorKind};
-pub use wait::{Acquire, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected, WaitStats};
-#[doc(hidden)]
-pub use wait::{LocalStore, WindowSnapshot};
+pub use wait::WaitConfig;
 
-/// The `redis` crate this store is built on (feature `redis`), for
-/// [`RedisStoreBuilder::client`].
 #[cfg(feature = "redis")]
-pub use ::redis;
-#[cfg(feature = "redis")]
-pub use redis_store::{
-    AsyncConnection, AsyncConnectionHandle, FailurePolicy, RedisFuture, RedisKey, RedisStore,
-    RedisStoreBuilder, RedisStoreStats,
-};
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{FailurePolicy, RedisStore};

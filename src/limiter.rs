@@ -5,9 +5,8 @@ use crate::clock::{AutoClock, Clock};
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::policy::Policy;
-use crate::ring::{Geometry, Ring};
-use crate::stats::{Counters, KeyUsage, Stats};
-use crate::wait::WindowSnapshot;
+use crate::ring::{Geometry, Ring, WindowSnapshot};
+use crate::stats::{Counters, KeyUsage, LimiterStats};
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
@@ -192,7 +191,7 @@ const OVERFLOW_MARKS: usize = 1024;
 /// `tokio::time::advance`), otherwise the coarse monotonic clock (a few
 /// nanoseconds a read; reading the precise clock was the largest single cost of a
 /// check), or the precise one when the policy's buckets are too narrow for it.
-/// [`LimiterBuilder::clock`] picks another ([`TokioClock`](crate::TokioClock),
+/// [`LimiterBuilder::clock`] picks another ([`TokioClock`](crate::clock::TokioClock),
 /// [`ManualClock`](crate::ManualClock), or any [`Clock`]). A reading later than
 /// 2^60 bucket widths after the clock's origin (or within a few windows of the
 /// end of the u64 nanosecond range) is held there, and the limiter then sees
@@ -260,6 +259,8 @@ pub struct Limiter<K, C = AutoClock> {
 }
 
 /// Builder for [`Limiter`]: the clock and the key cap.
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` makes the limiter"]
 pub struct LimiterBuilder<C> {
     policy: Policy,
     clock: C,
@@ -443,9 +444,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     }
 
     /// Limiter-wide totals.
-    pub fn stats(&self) -> Stats {
+    pub fn stats(&self) -> LimiterStats {
         let (admitted, rejected) = self.counters.totals();
-        Stats {
+        LimiterStats {
             admitted,
             rejected,
             keys_tracked: self.keys.load(Relaxed),
@@ -817,7 +818,7 @@ mod tests {
         let (l, _) = limiter(10, 1000);
         let keys = 0..64u64;
         for k in keys.clone() {
-            l.check(&k);
+            let _ = l.check(&k);
         }
         let map = l.partitions[0].map.pin();
         let mut live: Vec<(usize, usize)> = keys
@@ -876,7 +877,7 @@ mod tests {
         let keys = 0..20_000u64;
         for k in keys.clone() {
             for _ in 0..=(k % 3) {
-                l.check(&k);
+                let _ = l.check(&k);
             }
         }
         assert_eq!(l.stats().keys_tracked, 20_000);
@@ -908,7 +909,7 @@ mod tests {
         // Only one hot key keeps checking; each bucket width it sweeps one partition.
         for _ in 0..l.partitions.len() {
             clock.advance(Duration::from_millis(70));
-            l.check(&u64::MAX);
+            let _ = l.check(&u64::MAX);
         }
         let stats = l.stats();
         assert_eq!(stats.keys_tracked, 1);
@@ -923,7 +924,7 @@ mod tests {
         }
         assert!(!l.check(&0).is_allowed());
         for k in 1..1000 {
-            l.check(&k);
+            let _ = l.check(&k);
             clock.advance(Duration::from_micros(100));
         }
         assert!(l.stats().keys_tracked <= 8);
@@ -936,10 +937,10 @@ mod tests {
     fn at_max_keys_idle_keys_make_room() {
         let (l, clock) = limiter(3, 4);
         for k in 0..4 {
-            l.check(&k);
+            let _ = l.check(&k);
         }
         clock.advance(Duration::from_secs(3));
-        l.check(&100);
+        let _ = l.check(&100);
         assert_eq!(l.stats().overflowed, 0);
         assert!(l.usage(&100).used == 1);
     }
@@ -948,7 +949,7 @@ mod tests {
     fn stats_count_admissions_and_rejections() {
         let (l, _) = limiter(2, 10);
         for _ in 0..5 {
-            l.check(&7);
+            let _ = l.check(&7);
         }
         let s = l.stats();
         assert_eq!((s.admitted, s.rejected, s.keys_tracked), (2, 3, 1));
@@ -1064,7 +1065,7 @@ mod tests {
         clock.set(100_000_000);
         let sweeps_before = l.sweep_cursor.load(Relaxed);
         for key in 1..=1_000 {
-            l.check(&key);
+            let _ = l.check(&key);
         }
         // One sweep for the new bucket (`maybe_sweep`) and one by the first new
         // key at the cap, not one per new key.
@@ -1073,8 +1074,8 @@ mod tests {
         // In the next bucket, the first new key may sweep again.
         clock.set(200_000_000);
         let before = l.sweep_cursor.load(Relaxed);
-        l.check(&5_000);
-        l.check(&5_001);
+        let _ = l.check(&5_000);
+        let _ = l.check(&5_001);
         assert_eq!(l.sweep_cursor.load(Relaxed) - before, 2);
     }
 
@@ -1120,7 +1121,7 @@ mod tests {
         let too_big = l.peek(&1, 4);
         assert_eq!(too_big.outcome(), Outcome::CostExceedsLimit);
         assert_eq!(too_big.retry_after(), None);
-        assert_eq!(l.stats(), Stats::default());
+        assert_eq!(l.stats(), LimiterStats::default());
         assert!(l.check_n(&1, 3).is_allowed());
         let d = l.peek(&1, 1);
         assert_eq!(d.outcome(), Outcome::Denied);

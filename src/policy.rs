@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// How the sliding window is evaluated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Precision {
     /// Count every bucket the last window touches (N + 1 of them).
     ///
@@ -125,6 +126,7 @@ impl Policy {
 
 /// Builder for [`Policy`]; [`build`](PolicyBuilder::build) validates.
 #[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` makes the policy"]
 pub struct PolicyBuilder {
     limit: u32,
     window: Duration,

@@ -1,86 +1,15 @@
 //! One key's sliding window: a ring of packed atomic sub-window counters.
 //!
-//! # Layout
-//!
-//! Time is cut into slots of width `w = ceil(window / N)`; slot `s = now / w`.
-//! `newest` holds the newest slot any consuming check has entered (64 bits;
-//! bit 63 is set while an idle ring is being reset; bit 61 is set for good
-//! once the ring is retired, see Retirement). `base` holds the *base* of slot `b`: the units at slots
-//! `b-N ..= b-1`, packed like a bucket, or `NO_BASE`. Then come `N + 1`
-//! buckets; the bucket at position `p` only ever holds slots `x ≡ p (mod N+1)`,
-//! packed as one `AtomicU64`: `(x mod 2^32) << 32 | count`.
-//!
 //! # Invariant
 //!
 //! For every slot `x`, the units of admitted checks recorded at slots `x-N ..= x`
 //! total at most `limit`. Since `N` buckets cover at least a window, no interval of
 //! length `window` ever holds more than `limit` admitted units (strict mode).
 //!
-//! # Protocol (one consuming check, all accesses `SeqCst`)
-//!
-//! 1. **Enter**: read `newest`; the check's slot is `s = max(clock slot, newest)`
-//!    (a clock that steps back is held at the key's newest slot). Publish `s` with a
-//!    CAS before writing any bucket. If `s` is more than `N` past `newest`, every
-//!    bucket is stale: the ring is idle, and the entering thread resets all buckets
-//!    to aligned stale tags (flag set meanwhile). This is what makes the 32-bit tag
-//!    safe: a tag is only read while the ring was touched within the last `N`
-//!    slots, so its age (a signed 32-bit difference) is exact; a key idle for
-//!    2^32 slots is reset, never mistaken for current.
-//! 2. **Add** `cost` to bucket `s`: same tag → add; older tag → replace with `(s,
-//!    cost)`; newer tag → some thread is ahead, start over (it has published a newer
-//!    `newest`, so the next attempt clamps forward).
-//! 3. **Count** the span `s-N ..= s`: when the base holds slot `s`, base + the
-//!    bucket value step 2 wrote (no scan); otherwise scan all buckets, counting
-//!    ages `0..=N`; a tag newer than `s` means a bucket in our span may have been
-//!    recycled under us, so take back and start over.
-//! 4. **Re-read** `newest`: unless it is still `s`, take back and start over. So a
-//!    check is only admitted while its slot is the newest, which is what lets the
-//!    base be computed once per slot.
-//! 5. If the count exceeds the limit, take the cost back (a CAS that only subtracts
-//!    while the tag is still `s`) and deny.
-//!
-//! The thread whose CAS in step 1 moves `newest` to `s` then sums ages `1..=N`
-//! and publishes that as the base of `s` (a reset publishes 0). So the common
-//! check reads three words and writes one, however many buckets the ring has.
-//! `admit_at_newest` is that common case as straight-line code: with the base
-//! fixed, the count after the add is known before it, so it adds only when the
-//! cost fits. When it does not, it denies with nothing added: the span held
-//! base + current units at the bucket's load, which is a valid point to decide
-//! at as long as `newest` was still `s` after it (read again, as step 4). Every
-//! unusual case goes to the full loop.
-//!
-//! # Retirement
-//!
-//! The limiter drops idle rings from its map without a lock: a sweep at time
-//! `t` sets RETIRED with a CAS on `newest` only while the ring is idle at `t`
-//! (more than `N` slots behind). A retired ring admits nothing more: step 1
-//! refuses it, and a check that entered before the CAS fails step 4 (`newest`
-//! changed). Such a check could only have entered at a slot that was already
-//! more than `N` slots old at `t`, and the ring that replaces a retired one
-//! starts no earlier than `t`, so the two rings never hold units in one span.
-//!
-//! Why it never over-admits: among admitted checks recorded in one span `x-N..=x`,
-//! take the one, C at slot `c`, whose add comes last in the SeqCst order. Any
-//! unit at a slot after `c` was added after `newest` passed `c`, so C's re-read
-//! would have failed: all units lie in `c-N ..= c`, C's span. The units at `c`
-//! are in the bucket value C's add wrote. A unit admitted at `y < c` was added
-//! before its check re-read `newest == y`, so before the CAS that moved `newest`
-//! past `y`, so before every later read of the buckets by a thread that
-//! advanced `newest` to `c` (which computed the base) or by a scan of C. Buckets'
-//! tags only grow, and neither saw a tag newer than `c` (the base is not
-//! published then), so each such unit was counted. C's count was therefore at
-//! least the whole span's total, and it was at most `limit`. Racing checks may
-//! both be denied near the limit (the safe side); the `loom` models below check
-//! this. Units given back from a bucket older than `newest` mark its base
-//! unknown (`NO_BASE`), so checks count the buckets for the rest of that slot; a
-//! check that read the base before still counts them: the base only ever
-//! over-counts.
-//! loom weakens `SeqCst` accesses to `AcqRel` and orders a plain store racing
-//! read-modify-writes only partially; so that it checks the protocol above and
-//! not a weaker one, every write to a cell is an RMW (the reset swaps) and a
-//! loom-only `SeqCst` fence stands between a write and the reads it must
-//! precede (`sync::order_write_before_reads`): a check's add and its count, an
-//! advance of `newest` and the base's scan.
+//! The layout, the protocol that keeps the invariant under any interleaving of
+//! checks, and the proof, are in `src/guide/algorithm.md`, published as the
+//! guide's algorithm chapter; they are included here too.
+#![doc = include_str!("guide/algorithm.md")]
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
@@ -104,6 +33,18 @@ const NORMALIZE_AGE: i64 = 1 << 30;
 /// had to scan) copies the counts into a stack array of this many (512 bytes);
 /// only a ring of more buckets (a policy of 64 or more) allocates one instead.
 const SMALL_RING: usize = 64;
+
+/// One policy's window for one key, as a check now would see it: what the
+/// wait queues' forecast replays into the future.
+#[derive(Debug, Clone)]
+pub(crate) struct WindowSnapshot {
+    pub(crate) geometry: Geometry,
+    /// The policy's clock reading (ns).
+    pub(crate) now: u64,
+    /// The slot a check now runs at, and the units at each age `0..=N` from it.
+    pub(crate) slot: u64,
+    pub(crate) counts: Vec<u64>,
+}
 
 /// The policy, reduced to the integers the ring computes with.
 #[derive(Debug, Clone, Copy)]

@@ -92,7 +92,8 @@ impl Counters {
 /// Limiter-wide totals since it was built. Reading them sums a few counters; the
 /// request path pays one plain add to a counter only its thread writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Stats {
+#[non_exhaustive]
+pub struct LimiterStats {
     /// Checks that were allowed. A check given back afterwards with
     /// [`Limiter::undo`](crate::Limiter::undo) still counts: behind a layer of
     /// several policies, a request another policy denied counts here but was
@@ -115,6 +116,7 @@ pub struct Stats {
 
 /// One key's usage at the moment of reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyUsage {
     /// Units counted against the key in the current window (weighted in interpolated mode).
     pub used: u32,

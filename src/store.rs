@@ -1,11 +1,13 @@
 //! Where counts live: the in-memory [`Limiter`] (the default) or a shared store
 //! such as Redis. The tower layer works with either through [`Store`].
 
+pub use crate::limiter::{Limiter, LimiterBuilder};
+pub use crate::stats::{KeyUsage, LimiterStats};
+
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::limiter::Limiter;
+
 use crate::policy::Policy;
-use crate::wait::LocalStore;
 use std::error::Error;
 use std::fmt;
 use std::future::{ready, Future, Ready};
@@ -40,13 +42,6 @@ pub trait Store<K>: Send + Sync + 'static {
 
     /// The policy this store enforces.
     fn policy(&self) -> &Policy;
-
-    /// The store as one that decides in-process, when it is one (the in-memory
-    /// [`Limiter`]): the tower layer's waiting modes need it.
-    #[doc(hidden)]
-    fn local(&self) -> Option<&dyn LocalStore<K>> {
-        None
-    }
 }
 
 /// A store could not decide: it is down, slow past its timeout, or answered with
@@ -179,9 +174,5 @@ where
 
     fn policy(&self) -> &Policy {
         Limiter::policy(self)
-    }
-
-    fn local(&self) -> Option<&dyn LocalStore<K>> {
-        Some(self)
     }
 }

@@ -14,7 +14,8 @@ use axum::{extract::Request, routing::get, Router};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use tower_sliding_window::{ClientIp, HeaderKey, KeyExtractor, PeerIp, ProxyHeader};
+use tower_sliding_window::extract::ProxyHeader;
+use tower_sliding_window::{ClientIp, HeaderKey, KeyExtractor, PeerIp};
 
 /// The keys of one request, as `peer=… client=… untrusted=… forwarded=… api=…`.
 async fn echo_keys(req: Request) -> String {

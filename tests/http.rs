@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 #[cfg(feature = "axum")]
 use tower_sliding_window::PeerIp;
-use tower_sliding_window::{GlobalKey, MissingKey, RateLimited, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, GlobalKey, MissingKey, RateLimited, SlidingWindowLayer};
 
 fn api_key(req: &Request<Body>) -> Option<String> {
     req.headers()
@@ -179,7 +179,7 @@ async fn futures_join(addr: SocketAddr, n: usize) -> Vec<StatusCode> {
 
 #[tokio::test]
 async fn keys_are_limited_independently() {
-    let layer = SlidingWindowLayer::builder(api_key)
+    let layer = SlidingWindowLayer::builder(key_fn(api_key))
         .policy(policy("per-key", 2, Duration::from_secs(60)))
         .headers_on_allowed(true)
         .build()
@@ -201,10 +201,16 @@ async fn keys_are_limited_independently() {
         parse_list(header(&first_bob, "ratelimit").unwrap())[0].params[0],
         ("r".to_owned(), 1)
     );
-    // No key at all: rejected by default (MissingKey::Reject), without rate-limit headers.
+    // No key at all: rejected by default (MissingKey::Reject) as a bad request,
+    // not throttled: no Retry-After, no rate-limit headers.
     let anonymous = send(addr, &[]).await;
-    assert_eq!(anonymous.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(header(&anonymous, "ratelimit").is_none());
+    assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
+    for name in ["retry-after", "ratelimit", "ratelimit-policy"] {
+        assert!(
+            header(&anonymous, name).is_none(),
+            "{name} on a missing key"
+        );
+    }
 }
 
 #[tokio::test]
@@ -214,7 +220,8 @@ async fn peer_address_from_connect_info_is_a_key() {
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(addr)| addr.ip())
     };
-    let layer = SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), closure).unwrap();
+    let layer =
+        SlidingWindowLayer::new(policy("ip", 1, Duration::from_secs(60)), key_fn(closure)).unwrap();
     assert_limits_the_peer(serve(app().layer(layer)).await).await;
 }
 
@@ -326,7 +333,7 @@ async fn grpc_requests_get_a_trailers_only_resource_exhausted() {
 
 #[tokio::test]
 async fn header_options_switch_fields_off_and_set_the_grpc_code() {
-    let layer = SlidingWindowLayer::builder(api_key)
+    let layer = SlidingWindowLayer::builder(key_fn(api_key))
         .policy(policy("opts", 1, Duration::from_secs(30)))
         .ietf_headers(false)
         .retry_after_header(false)
@@ -373,7 +380,7 @@ async fn header_options_switch_fields_off_and_set_the_grpc_code() {
 /// The router is called in-process so no socket timer can auto-advance time.
 #[tokio::test(start_paused = true)]
 async fn window_rolls_over_on_paused_time() {
-    let layer = SlidingWindowLayer::builder(api_key)
+    let layer = SlidingWindowLayer::builder(key_fn(api_key))
         .policy(policy("second", 2, Duration::from_secs(1)))
         .missing_key(MissingKey::Fallback("anonymous".to_owned()))
         .build()

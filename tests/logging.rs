@@ -7,7 +7,7 @@ use layer_support::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::Layer;
-use tower_sliding_window::SlidingWindowLayer;
+use tower_sliding_window::{key_fn, SlidingWindowLayer};
 
 /// A writer that keeps what tracing writes, to check what gets logged.
 #[derive(Clone, Default)]
@@ -32,7 +32,8 @@ async fn logs_of(layer_logs_keys: bool) -> String {
         .with_ansi(false)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let builder = SlidingWindowLayer::builder(user).policy(policy("p", 1, Duration::from_secs(9)));
+    let builder =
+        SlidingWindowLayer::builder(key_fn(user)).policy(policy("p", 1, Duration::from_secs(9)));
     let layer = if layer_logs_keys {
         builder.log_keys().build().unwrap()
     } else {

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_sliding_window::layer::KeyMissing;
 use tower_sliding_window::{
-    Decision, GlobalKey, KeyMissing, Limiter, MissingKey, Policy, RateLimited, SlidingWindowLayer,
+    key_fn, Decision, GlobalKey, Limiter, MissingKey, Policy, RateLimited, SlidingWindowLayer,
     Store, StoreError,
 };
 
@@ -18,7 +19,7 @@ use layer_support::*;
 
 #[tokio::test(start_paused = true)]
 async fn a_request_denied_by_one_policy_consumes_nothing_from_the_others() {
-    let layer = SlidingWindowLayer::builder(user)
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .policy(policy("burst", 1, Duration::from_secs(1)))
         .policy(policy("minute", 3, Duration::from_secs(60)))
         .headers_on_allowed(true)
@@ -86,7 +87,7 @@ async fn sub_second_waits_round_up_to_one_second() {
 
 #[tokio::test(start_paused = true)]
 async fn cost_exemption_and_cost_above_the_limit() {
-    let layer = SlidingWindowLayer::builder(user)
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .policy(policy("units", 10, Duration::from_secs(60)))
         .headers_on_allowed(true)
         .cost(|req: &Request<Body>| {
@@ -156,8 +157,9 @@ async fn dry_run_decides_and_counts_but_never_blocks() {
 
 #[tokio::test(start_paused = true)]
 async fn dry_run_forwards_requests_without_a_key_and_counts_them() {
-    // The default MissingKey::Reject would answer 429; a dry run only counts it.
-    let layer = SlidingWindowLayer::builder(user)
+    // The default MissingKey::Reject would answer 400 (the key closure's
+    // missing-key status); a dry run only counts it.
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .policy(policy("trial", 2, Duration::from_secs(60)))
         .dry_run(true)
         .build()
@@ -170,22 +172,37 @@ async fn dry_run_forwards_requests_without_a_key_and_counts_them() {
     assert_eq!(rate, None, "no key, no count to report");
     assert_eq!(stats.stats().key_missing, 1);
 
-    // Enforcing, the same request is rejected.
-    let enforcing = SlidingWindowLayer::builder(user)
+    // Enforcing, the same request is rejected. Every rate-limit field is on,
+    // so their absence below is the layer's choice.
+    let enforcing = SlidingWindowLayer::builder(key_fn(user))
         .policy(policy("trial", 2, Duration::from_secs(60)))
+        .headers_on_allowed(true)
+        .legacy_headers(true)
         .build()
         .unwrap();
     let mut svc = enforcing.layer(ok_service());
     let keyless = Request::builder().body(String::new()).unwrap();
-    assert_eq!(
-        status(&mut svc, keyless).await.0,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    let response = svc.ready().await.unwrap().call(keyless).await.unwrap();
+    // A request without a key is not throttled: no 429, no wait to report.
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    for name in [
+        "retry-after",
+        "ratelimit",
+        "ratelimit-policy",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        assert!(
+            !response.headers().contains_key(name),
+            "{name}: {response:?}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn missing_key_can_be_allowed_or_use_a_fallback_key() {
-    let allow = SlidingWindowLayer::builder(user)
+    let allow = SlidingWindowLayer::builder(key_fn(user))
         .policy(policy("p", 1, Duration::from_secs(60)))
         .missing_key(MissingKey::Allow)
         .build()
@@ -196,7 +213,7 @@ async fn missing_key_can_be_allowed_or_use_a_fallback_key() {
         assert_eq!(status(&mut svc, anonymous()).await, (StatusCode::OK, None));
     }
 
-    let fallback = SlidingWindowLayer::builder(user)
+    let fallback = SlidingWindowLayer::builder(key_fn(user))
         .policy(policy("p", 1, Duration::from_secs(60)))
         .missing_key(MissingKey::Fallback("anonymous".to_owned()))
         .build()
@@ -226,7 +243,7 @@ async fn call_without_poll_ready_does_not_panic() {
 
 #[tokio::test(start_paused = true)]
 async fn non_http_requests_get_downcastable_error_values() {
-    let layer = SlidingWindowLayer::builder(|job: &(Option<u32>, &'static str)| job.0)
+    let layer = SlidingWindowLayer::builder(key_fn(|job: &(Option<u32>, &'static str)| job.0))
         .policy(policy("jobs", 1, Duration::from_secs(10)))
         .reject_with_errors()
         .build()
@@ -258,7 +275,7 @@ async fn non_http_requests_get_downcastable_error_values() {
 /// be retried at once (`retry_after: 0ns`).
 #[tokio::test(start_paused = true)]
 async fn a_cost_above_the_limit_is_not_logged_as_retry_now() {
-    let layer = SlidingWindowLayer::builder(|job: &(u32, u32)| Some(job.0))
+    let layer = SlidingWindowLayer::builder(key_fn(|job: &(u32, u32)| Some(job.0)))
         .policy(policy("jobs", 2, Duration::from_secs(10)))
         .cost(|job: &(u32, u32)| job.1)
         .reject_with_errors()
@@ -295,7 +312,7 @@ async fn a_cost_above_the_limit_is_not_logged_as_retry_now() {
 async fn error_values_and_debug_output_never_hold_the_key() {
     const KEY: &str = "sk-live-SECRET-203.0.113.77";
     let check = |shown: String| assert!(!shown.contains("SECRET"), "key leaked: {shown}");
-    let layer = SlidingWindowLayer::builder(|key: &String| Some(key.clone()))
+    let layer = SlidingWindowLayer::builder(key_fn(|key: &String| Some(key.clone())))
         .policy(policy("keys", 1, Duration::from_secs(10)))
         .reject_with_errors()
         .build()
@@ -318,8 +335,8 @@ async fn error_values_and_debug_output_never_hold_the_key() {
     ));
 
     let limiter = Arc::new(Limiter::new(policy("keys", 1, Duration::from_secs(10))).unwrap());
-    limiter.check(&KEY.to_string());
-    let queues = Arc::new(tower_sliding_window::WaitQueues::new(
+    let _ = limiter.check(&KEY.to_string());
+    let queues = Arc::new(tower_sliding_window::wait::WaitQueues::new(
         limiter.clone(),
         tower_sliding_window::WaitConfig::bounded(Duration::from_secs(1), 1).unwrap(),
     ));
@@ -391,7 +408,7 @@ impl Store<String> for SlowStore {
 async fn remote_stores_are_awaited_and_combined() {
     let a = SlowStore::new(policy("a", 2, Duration::from_secs(60)), false);
     let b = SlowStore::new(policy("b", 3, Duration::from_secs(60)), false);
-    let layer = SlidingWindowLayer::builder(user)
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .store(a.clone())
         .store(b.clone())
         .build()
@@ -417,7 +434,7 @@ async fn a_store_that_fails_open_puts_no_rate_limit_fields_on_the_response() {
         store.fails_open = true;
         store
     };
-    let alone = SlidingWindowLayer::builder(user)
+    let alone = SlidingWindowLayer::builder(key_fn(user))
         .store(down())
         .headers_on_allowed(true)
         .build()
@@ -435,7 +452,7 @@ async fn a_store_that_fails_open_puts_no_rate_limit_fields_on_the_response() {
     // Beside a checked policy, the checked one is reported, even when both
     // have their whole quota left (a tie in share: a request of cost 0).
     let up = SlowStore::new(policy("up", 3, Duration::from_secs(60)), false);
-    let both = SlidingWindowLayer::builder(user)
+    let both = SlidingWindowLayer::builder(key_fn(user))
         .store(down())
         .store(up)
         .cost(|req: &Request<Body>| u32::from(req.headers().contains_key("x-costs")))
@@ -458,7 +475,7 @@ async fn a_request_dropped_while_stores_decide_gives_its_units_back() {
     let quick = SlowStore::new(policy("quick", 5, Duration::from_secs(60)), false);
     let mut stuck = SlowStore::new(policy("stuck", 5, Duration::from_secs(60)), false);
     stuck.hang = true;
-    let layer = SlidingWindowLayer::builder(user)
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .store(quick.clone())
         .store(stuck)
         .build()
@@ -475,7 +492,7 @@ async fn a_request_dropped_while_stores_decide_gives_its_units_back() {
 
 #[tokio::test(start_paused = true)]
 async fn a_store_that_cannot_decide_fails_closed_with_503() {
-    let layer = SlidingWindowLayer::builder(user)
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .store(SlowStore::new(
             policy("down", 5, Duration::from_secs(60)),
             true,
@@ -499,7 +516,7 @@ async fn a_store_that_cannot_decide_fails_closed_with_503() {
 
 #[tokio::test(start_paused = true)]
 async fn a_store_down_answer_leaves_out_the_retry_fields_the_layer_turned_off() {
-    let layer = SlidingWindowLayer::builder(user)
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .store(SlowStore::new(
             policy("down", 5, Duration::from_secs(60)),
             true,
@@ -623,7 +640,7 @@ impl Store<String> for LocalOrRemote {
 #[tokio::test(start_paused = true)]
 async fn a_response_future_dropped_before_its_first_poll_gives_its_units_back() {
     let remote = SlowStore::new(policy("remote", 5, Duration::from_secs(60)), false);
-    let layer = SlidingWindowLayer::builder(user)
+    let layer = SlidingWindowLayer::builder(key_fn(user))
         .store(LocalOrRemote::Local(Box::new(
             Limiter::new(policy("local", 5, Duration::from_secs(60))).unwrap(),
         )))
@@ -654,30 +671,10 @@ async fn a_response_future_dropped_before_its_first_poll_gives_its_units_back() 
 }
 
 #[test]
-fn max_keys_with_stores_is_a_configuration_error_not_ignored() {
-    // `max_keys` only reaches limiters built from `policy()`; given with
-    // `store()` it would be silently dropped (as `clock()` after `store()` would,
-    // which `build()` reports). Even `max_keys(0)`, otherwise `ZeroMaxKeys`.
-    for cap in [0, 10] {
-        let layer = SlidingWindowLayer::builder(user)
-            .store(Limiter::<String>::new(policy("p", 5, Duration::from_secs(60))).unwrap())
-            .max_keys(cap)
-            .build();
-        assert!(
-            matches!(layer, Err(tower_sliding_window::ConfigError::Invalid(_))),
-            "max_keys({cap}) after store() was accepted and ignored"
-        );
-        let layer = SlidingWindowLayer::<String, _>::builder(user)
-            .max_keys(cap)
-            .store(Limiter::<String>::new(policy("p", 5, Duration::from_secs(60))).unwrap())
-            .build();
-        assert!(
-            matches!(layer, Err(tower_sliding_window::ConfigError::Invalid(_))),
-            "max_keys({cap}) before store() was accepted and ignored"
-        );
-    }
-    // With policy() it still applies.
-    let zero = SlidingWindowLayer::<String, _>::builder(user)
+fn max_keys_zero_with_policies_is_a_configuration_error() {
+    // `max_keys` beside `store()` no longer compiles (a store keeps its own
+    // cap); with `policy()` it applies, and 0 is still reported.
+    let zero = SlidingWindowLayer::builder(key_fn(user))
         .policy(policy("p", 5, Duration::from_secs(60)))
         .max_keys(0)
         .build();
@@ -688,49 +685,48 @@ fn max_keys_with_stores_is_a_configuration_error_not_ignored() {
 }
 
 #[test]
-fn clock_before_store_is_a_configuration_error_not_ignored() {
-    // A store keeps its own clock: `clock()` after `store()` is reported, and so
-    // must be `clock()` before it, instead of being dropped without a word.
-    let p = || policy("p", 5, Duration::from_secs(60));
-    let store = || {
-        let limiter: Limiter<String, _> = Limiter::builder(p())
-            .clock(tower_sliding_window::ManualClock::new())
-            .build()
-            .unwrap();
-        limiter
-    };
-    let before = SlidingWindowLayer::<String, _>::builder(user)
-        .clock(tower_sliding_window::ManualClock::new())
-        .store(store())
-        .build();
-    assert!(
-        matches!(before, Err(tower_sliding_window::ConfigError::Invalid(_))),
-        "clock() before store() was accepted and ignored"
-    );
-    let after = SlidingWindowLayer::<String, _>::builder(user)
-        .store(store())
-        .clock(tower_sliding_window::ManualClock::new())
-        .build();
-    assert!(matches!(
-        after,
-        Err(tower_sliding_window::ConfigError::Invalid(_))
-    ));
-    // With policy() it applies, in either order.
-    for layer in [
-        SlidingWindowLayer::<String, _>::builder(user)
-            .clock(tower_sliding_window::ManualClock::new())
-            .policy(p())
-            .build(),
-        SlidingWindowLayer::<String, _>::builder(user)
-            .policy(p())
-            .clock(tower_sliding_window::ManualClock::new())
-            .build(),
+fn a_clock_applies_to_policies_in_either_order() {
+    // `clock()` beside `store()` no longer compiles (a store keeps its own
+    // clock). With policy() it applies, in either order: the limiters read
+    // the clock given.
+    let p = || policy("p", 1, Duration::from_secs(60));
+    for (order, clock, layer) in [
+        {
+            let clock = tower_sliding_window::ManualClock::new();
+            let layer = SlidingWindowLayer::builder(key_fn(user))
+                .clock(clock.clone())
+                .policy(p())
+                .build();
+            ("clock before policy", clock, layer)
+        },
+        {
+            let clock = tower_sliding_window::ManualClock::new();
+            let layer = SlidingWindowLayer::builder(key_fn(user))
+                .policy(p())
+                .clock(clock.clone())
+                .build();
+            ("clock after policy", clock, layer)
+        },
     ] {
-        assert!(layer.is_ok());
+        let layer = layer.unwrap();
+        let limiter = layer.stores().next().unwrap();
+        let key = "u".to_owned();
+        assert!(limiter.check(&key).is_allowed(), "{order}");
+        assert!(!limiter.check(&key).is_allowed(), "{order}");
+        // Only the manual clock moving lets the key through again.
+        clock.advance(Duration::from_secs(65));
+        assert!(
+            limiter.check(&key).is_allowed(),
+            "{order}: the clock was not used"
+        );
     }
     // A store alone still builds.
-    assert!(SlidingWindowLayer::<String, _>::builder(user)
-        .store(store())
+    let store: Limiter<String, _> = Limiter::builder(p())
+        .clock(tower_sliding_window::ManualClock::new())
+        .build()
+        .unwrap();
+    assert!(SlidingWindowLayer::builder(key_fn(user))
+        .store(store)
         .build()
         .is_ok());
 }
@@ -741,15 +737,16 @@ fn http_rejection_settings_before_reject_with_errors_are_a_configuration_error_n
     // headers, no hook. Set before `reject_with_errors()` (the HTTP settings are
     // not callable after it) they would be dropped without a word, even an
     // invalid status or gRPC code that build() otherwise rejects.
+    type UserKey =
+        tower_sliding_window::extract::KeyFn<fn(&Request<Body>) -> Option<String>, String>;
     type Builder = tower_sliding_window::SlidingWindowLayerBuilder<
-        String,
-        fn(&Request<Body>) -> Option<String>,
+        UserKey,
+        tower_sliding_window::layer::InMemory,
     >;
-    let builder =
-        || -> Builder {
-            SlidingWindowLayer::builder(user as fn(&Request<Body>) -> Option<String>)
-                .policy(policy("p", 1, Duration::from_secs(60)))
-        };
+    let builder = || -> Builder {
+        SlidingWindowLayer::builder(key_fn(user as fn(&Request<Body>) -> Option<String>))
+            .policy(policy("p", 1, Duration::from_secs(60)))
+    };
     let settings: Vec<(&str, Builder)> = vec![
         (
             "status(503)",
@@ -806,9 +803,7 @@ async fn a_builder_can_be_held_across_an_await_in_a_spawned_task() {
         value
     }
     let built = tokio::spawn(async {
-        let builder = send_sync(
-            SlidingWindowLayer::builder(GlobalKey).on_limit(tower_sliding_window::OnLimit::Reject),
-        );
+        let builder = send_sync(SlidingWindowLayer::builder(GlobalKey).dry_run(false));
         tokio::time::sleep(Duration::from_millis(10)).await; // a store connecting
         builder
             .store(Limiter::<()>::new(policy("p", 1, Duration::from_secs(60))).unwrap())
@@ -818,4 +813,21 @@ async fn a_builder_can_be_held_across_an_await_in_a_spawned_task() {
     .await
     .unwrap();
     assert_eq!(built.unwrap(), 1);
+
+    // A builder of in-memory limiters (its clock factory inside) too.
+    let built = tokio::spawn(async {
+        let builder = send_sync(
+            SlidingWindowLayer::builder(GlobalKey)
+                .on_limit(tower_sliding_window::OnLimit::Reject)
+                .policy(policy("p", 1, Duration::from_secs(60))),
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        builder
+            .policy(policy("q", 5, Duration::from_secs(60)))
+            .build()
+            .map(|layer| layer.stores().len())
+    })
+    .await
+    .unwrap();
+    assert_eq!(built.unwrap(), 2);
 }

@@ -8,7 +8,7 @@ mod redis_support;
 
 use redis_support::*;
 use std::time::{Duration, Instant};
-use tower_sliding_window::redis::{self, cluster::ClusterClient};
+use tower_sliding_window::redis::redis::{self, cluster::ClusterClient};
 use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
 
 struct Cluster {

@@ -12,7 +12,6 @@ mod redis_support;
 
 use redis_support::*;
 use std::time::{Duration, Instant};
-use tower_sliding_window::redis;
 use tower_sliding_window::{Decision, FailurePolicy, Policy, RedisStore, Store, StoreError};
 
 /// The per-call timeout under test. Above the 50 ms default so that a check on a
@@ -234,7 +233,7 @@ async fn script_is_reloaded_after_script_flush() {
     .prefix(unique_prefix(test))
     .build()
     .unwrap();
-    let check_sha = redis::Script::new(include_str!("../src/redis_store/check.lua"))
+    let check_sha = redis::Script::new(include_str!("../src/redis/check.lua"))
         .get_hash()
         .to_owned();
     let mut admin = server.conn().await;
@@ -268,7 +267,29 @@ async fn script_is_reloaded_after_script_flush() {
         .query_async(&mut admin)
         .await
         .unwrap();
-    s.undo_now(&"k", &d).await;
+    Store::undo(&s, &"k", &d);
+    // Bounded wait until the undo, sent in the background, has reached Redis:
+    // the key's slot fields (all but "t", its newest slot) then hold the first
+    // unit only.
+    let key = s.redis_key(&"k");
+    let mut counted = 0;
+    for _ in 0..400 {
+        let fields: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        counted = fields
+            .iter()
+            .filter(|(f, _)| *f != "t")
+            .map(|(_, c)| c)
+            .sum();
+        if counted == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(counted, 1, "the undo never reached Redis");
     assert_eq!(s.stats().failures, 0);
     assert_eq!(s.check_n(&"k", 1).await.unwrap().remaining(), 1);
 }

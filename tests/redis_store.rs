@@ -6,12 +6,10 @@
 
 mod redis_support;
 
+use redis::AsyncCommands;
 use redis_support::*;
 use std::time::Duration;
-use tower_sliding_window::redis::{self, AsyncCommands};
-use tower_sliding_window::{
-    ConfigError, FailurePolicy, Limiter, ManualClock, Outcome, Policy, Precision, RedisStore, Store,
-};
+use tower_sliding_window::{ConfigError, FailurePolicy, Outcome, Policy, RedisStore, Store};
 
 fn policy(limit: u32, window: Duration, buckets: u32) -> Policy {
     Policy::builder()
@@ -31,27 +29,6 @@ fn store(policy: Policy, prefix: &str) -> RedisStore {
         .prefix(prefix)
         .build()
         .unwrap()
-}
-
-/// `p` in memory, on a manual clock.
-fn in_memory(p: Policy) -> (Limiter<u64, ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    let limiter = Limiter::builder(p).clock(clock.clone()).build().unwrap();
-    (limiter, clock)
-}
-
-/// `p` on both sides of a decision-by-decision comparison: in memory on a
-/// manual clock, and in Redis with no deny cache (it would answer locally).
-fn compared_sides(p: Policy, test: &str) -> (Limiter<u64, ManualClock>, ManualClock, RedisStore) {
-    let (limiter, clock) = in_memory(p.clone());
-    let redis = RedisStore::builder(p, FailurePolicy::Closed)
-        .url(&redis_url())
-        .timeout(Duration::from_secs(2))
-        .prefix(unique_prefix(test))
-        .deny_cache(0)
-        .build()
-        .expect("the Redis store accepts every policy the builder does");
-    (limiter, clock, redis)
 }
 
 #[tokio::test]
@@ -295,205 +272,6 @@ async fn deny_cache_answers_an_over_limit_key_without_a_round_trip() {
 }
 
 #[tokio::test]
-async fn undo_gives_units_back_and_clears_the_deny_cache() {
-    let test = "undo_gives_units_back_and_clears_the_deny_cache";
-    let Some(mut conn) = shared_redis(test).await else {
-        return;
-    };
-    let s = store(policy(2, Duration::from_secs(10), 10), &unique_prefix(test));
-    let first = s.check_n(&"k", 2).await.unwrap();
-    assert!(first.is_allowed());
-    assert!(!s.check_n(&"k", 1).await.unwrap().is_allowed());
-    s.undo_now(&"k", &first).await;
-    let d = s.check_n(&"k", 2).await.unwrap();
-    assert!(d.is_allowed(), "{d:?}");
-    // Undoing a denial or twice is harmless: the count never goes below zero.
-    let denied = s.check_n(&"k", 1).await.unwrap();
-    s.undo_now(&"k", &denied).await;
-    s.undo_now(&"k", &d).await;
-    s.undo_now(&"k", &d).await;
-    assert_eq!(s.check_n(&"k", 2).await.unwrap().remaining(), 0);
-    // The fire-and-forget path (Store::undo) reaches Redis too: on a key of its
-    // own, so the slot it gives back to holds the units being undone.
-    let fresh = s.check_n(&"fresh", 1).await.unwrap();
-    assert!(fresh.is_allowed());
-    let (key, field) = (s.redis_key(&"fresh"), fresh.recorded_slot().to_string());
-    let counted: Option<String> = conn.hget(&key, &field).await.unwrap();
-    assert_eq!(counted.as_deref(), Some("1"));
-    let before = s.stats().undos;
-    Store::undo(&s, &"fresh", &fresh);
-    // Bounded wait until Redis has applied it (the script deletes the emptied field).
-    let mut applied = false;
-    for _ in 0..400 {
-        let v: Option<String> = conn.hget(&key, &field).await.unwrap();
-        if v.is_none() {
-            applied = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(applied, "the fire-and-forget undo never reached Redis");
-    assert_eq!(s.stats().undos, before + 1);
-}
-
-/// Run `trace` through the in-memory limiter (manual clock) and through Redis at
-/// the same injected times: the script must decide exactly as the ring does.
-/// What a comparison trace exercises. The two are kept apart because the
-/// in-memory limiter, after evicting an idle key, starts its new ring no earlier
-/// than the newest time any sweep saw (its keys share one clock), while Redis
-/// holds each key at its own newest slot only while the key exists.
-#[derive(Clone, Copy, PartialEq)]
-enum Trace {
-    /// Three keys, gaps of over a window (idle keys, stale buckets), time only forwards.
-    KeysAndGaps,
-    /// One busy key (never idle) whose clock now and then steps back.
-    ClockSteppingBack,
-}
-
-async fn compare_with_the_ring(test: &str, precision: Precision, trace: Trace) {
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
-    // 10 buckets of 3 s (whole microseconds, so both sides cut the same slots).
-    // The trace runs on injected time, but Redis expires keys on its own clock:
-    // a window far longer than the test takes keeps every key alive meanwhile.
-    let p = Policy::builder()
-        .limit(12)
-        .window(Duration::from_secs(30))
-        .buckets(10)
-        .precision(precision)
-        .build()
-        .unwrap();
-    let (limiter, clock, redis) = compared_sides(p, test);
-
-    let mut rng = Rng::new(0x5eed);
-    // Start well away from zero, like Redis' TIME.
-    let mut now = Duration::from_secs(1_000);
-    let mut allowed = 0;
-    for step in 0..1500 {
-        match (rng.below(20), trace) {
-            (0..=9, _) => {}
-            (10..=16, _) => now += Duration::from_micros(rng.below(1_500_000)),
-            (17 | 18, _) => now += Duration::from_micros(rng.below(12_000_000)),
-            (_, Trace::KeysAndGaps) => now += Duration::from_secs(40),
-            (_, Trace::ClockSteppingBack) => now -= Duration::from_micros(rng.below(5_000_000)),
-        }
-        clock.set(now.as_nanos() as u64);
-        let key = match trace {
-            Trace::KeysAndGaps => rng.below(3),
-            Trace::ClockSteppingBack => 0,
-        };
-        let cost = 1 + rng.below(5) as u32;
-        let mem = limiter.check_n(&key, cost);
-        let red = redis.check_at(&key, cost, now).await.unwrap();
-        let ctx = format!("step {step} at {now:?}, key {key}, cost {cost}");
-        assert_eq!(red.outcome(), mem.outcome(), "{ctx}");
-        assert_eq!(red.remaining(), mem.remaining(), "{ctx}");
-        assert_eq!(red.reset(), mem.reset(), "{ctx}");
-        assert_eq!(red.recorded_slot(), mem.recorded_slot(), "{ctx}");
-        let (r, m) = (red.retry_after().unwrap(), mem.retry_after().unwrap());
-        match precision {
-            Precision::Strict => assert_eq!(r, m, "{ctx}"),
-            // The interpolated wait is a fraction of a bucket: µs vs ns rounding.
-            _ => assert!(
-                r.max(m) - r.min(m) <= Duration::from_micros(1),
-                "{ctx}: {r:?} vs {m:?}"
-            ),
-        }
-        // Give some admissions back on both sides.
-        if mem.is_allowed() && rng.below(10) == 0 {
-            limiter.undo(&key, &mem);
-            redis.undo_now(&key, &red).await;
-        }
-        allowed += mem.is_allowed() as u32;
-    }
-    assert!(
-        allowed > 100 && allowed < 1400,
-        "a trace that saturates: {allowed}"
-    );
-}
-
-#[tokio::test]
-async fn script_decides_exactly_as_the_ring_in_strict_mode() {
-    compare_with_the_ring(
-        "script_decides_exactly_as_the_ring_in_strict_mode",
-        Precision::Strict,
-        Trace::KeysAndGaps,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn script_holds_a_clock_stepping_back_at_the_newest_slot_as_the_ring_does() {
-    compare_with_the_ring(
-        "script_holds_a_clock_stepping_back_at_the_newest_slot_as_the_ring_does",
-        Precision::Strict,
-        Trace::ClockSteppingBack,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn script_decides_as_the_ring_in_interpolated_mode() {
-    compare_with_the_ring(
-        "script_decides_as_the_ring_in_interpolated_mode",
-        Precision::Interpolated,
-        Trace::KeysAndGaps,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn same_trace_never_admits_more_than_the_limit_per_window_in_memory_or_in_redis() {
-    let test = "same_trace_never_admits_more_than_the_limit_per_window_in_memory_or_in_redis";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
-    let (limit, buckets) = (8, 4);
-    let p = policy(limit, Duration::from_millis(200), buckets);
-    let trace = bursty_trace(7, 400, 2, 3, p.bucket_width());
-
-    // In memory, on a manual clock.
-    let (limiter, clock) = in_memory(p.clone());
-    let mut mem: Vec<Vec<Admitted>> = vec![Vec::new(); 2];
-    for step in &trace {
-        clock.advance(step.gap);
-        let d = Store::check_n(&limiter, &step.key, step.cost)
-            .await
-            .unwrap();
-        if d.is_allowed() {
-            mem[step.key as usize].push(Admitted {
-                slot: d.recorded_slot(),
-                cost: d.cost(),
-            });
-        }
-    }
-
-    // In Redis, on Redis' clock, through two instances (the deny cache on).
-    let prefix = unique_prefix(test);
-    let stores = [store(p.clone(), &prefix), store(p, &prefix)];
-    let mut red: Vec<Vec<Admitted>> = vec![Vec::new(); 2];
-    for (i, step) in trace.iter().enumerate() {
-        if !step.gap.is_zero() {
-            tokio::time::sleep(step.gap).await;
-        }
-        let d = stores[i % 2].check_n(&step.key, step.cost).await.unwrap();
-        if d.is_allowed() {
-            red[step.key as usize].push(Admitted {
-                slot: d.recorded_slot(),
-                cost: d.cost(),
-            });
-        }
-    }
-
-    for key in 0..2 {
-        assert_no_span_over_limit(&mem[key], buckets, limit, "in memory");
-        assert_no_span_over_limit(&red[key], buckets, limit, "in Redis");
-        assert!(!mem[key].is_empty() && !red[key].is_empty());
-    }
-}
-
-#[tokio::test]
 async fn a_connection_of_your_own_works_like_the_managed_one() {
     let test = "a_connection_of_your_own_works_like_the_managed_one";
     let Some(conn) = shared_redis(test).await else {
@@ -526,7 +304,7 @@ async fn a_connection_of_your_own_works_like_the_managed_one() {
 #[tokio::test]
 async fn invalid_settings_are_rejected_at_build() {
     let p = || policy(5, Duration::from_secs(1), 10);
-    let build = |b: tower_sliding_window::RedisStoreBuilder| b.build().unwrap_err();
+    let build = |b: tower_sliding_window::redis::RedisStoreBuilder| b.build().unwrap_err();
     let open = || RedisStore::builder(p(), FailurePolicy::Open);
     assert!(matches!(build(open()), ConfigError::NoRedis), "no URL");
     let bad_url = build(open().url("nope://"));
@@ -603,13 +381,13 @@ fn limited_service(
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone {
-    use tower_sliding_window::SlidingWindowLayer;
-    let by_user = |req: &http::Request<String>| {
+    use tower_sliding_window::{key_fn, SlidingWindowLayer};
+    let by_user = key_fn(|req: &http::Request<String>| {
         req.headers()
             .get("x-user")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
-    };
+    });
     let layer = SlidingWindowLayer::builder(by_user)
         .store(store)
         .build()
@@ -681,81 +459,6 @@ async fn a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh() {
     );
 }
 
-#[tokio::test]
-async fn a_fire_and_forget_undo_leaves_no_denial_in_the_deny_cache() {
-    let test = "a_fire_and_forget_undo_leaves_no_denial_in_the_deny_cache";
-    let Some(mut conn) = shared_redis(test).await else {
-        return;
-    };
-    let s = store(policy(2, Duration::from_secs(10), 10), &unique_prefix(test));
-    let key = s.redis_key(&"k");
-    let first = s.check_n(&"k", 2).await.unwrap();
-    assert!(first.is_allowed());
-    let field = first.recorded_slot().to_string();
-    // The layer gives the units back (another policy denied the request, as
-    // `Store::undo` does: fire and forget) and the client retries at once: this
-    // check may reach Redis before the undo does, and be denied then.
-    Store::undo(&s, &"k", &first);
-    let raced = s.check_n(&"k", 1).await.unwrap();
-    // Bounded wait until Redis has applied the undo (the slot no longer holds 2).
-    let mut applied = false;
-    for _ in 0..400 {
-        let v: Option<String> = conn.hget(&key, &field).await.unwrap();
-        if v.as_deref() != Some("2") {
-            applied = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(applied, "the undo reached Redis");
-    // The units are back in Redis: at most one unit (`raced`) is counted, so
-    // one more fits. This instance's own undo must not leave it denied locally.
-    let after = s.check_n(&"k", 1).await.unwrap();
-    assert!(
-        after.is_allowed(),
-        "denied by the deny cache after this instance's own undo: raced {raced:?}, after {after:?}, stats {:?}",
-        s.stats()
-    );
-}
-
-#[tokio::test]
-async fn interpolated_script_stays_exact_for_every_policy_the_builder_accepts() {
-    let test = "interpolated_script_stays_exact_for_every_policy_the_builder_accepts";
-    let Some(mut conn) = shared_redis(test).await else {
-        return;
-    };
-    // (limit + 1) × bucket width in µs is just below 2^53, which the builder
-    // accepts; but a check forms (used + cost) × width, and in interpolated mode
-    // `used` may exceed `limit` (the oldest bucket is only partly counted).
-    let (limit, cost, width_us, elapsed_us) = (1u32 << 20, 123u32, 8_589_926_067u64, 1_007_615u64);
-    let p = Policy::builder()
-        .limit(limit)
-        .window(Duration::from_micros(width_us))
-        .buckets(1)
-        .precision(Precision::Interpolated)
-        .build()
-        .unwrap();
-    let (limiter, clock, redis) = compared_sides(p, test);
-    // The whole limit in one slot, then `cost` units early in the next slot:
-    // exactly, (limit + cost) × w − limit × elapsed = limit × w + 1 µs·unit, over.
-    let slot = 2u64;
-    for (at, cost) in [
-        (slot * width_us + 1, limit),
-        ((slot + 1) * width_us + elapsed_us, cost),
-    ] {
-        let now = Duration::from_micros(at);
-        clock.set(now.as_nanos() as u64);
-        let mem = limiter.check_n(&0, cost);
-        let red = redis.check_at(&0u64, cost, now).await.unwrap();
-        assert_eq!(
-            red.outcome(),
-            mem.outcome(),
-            "cost {cost} at {now:?}: {red:?} vs {mem:?}"
-        );
-    }
-    let _: () = conn.del(redis.redis_key(&0u64)).await.unwrap();
-}
-
 /// The default prefix keeps policies of other geometries apart, also when their
 /// windows differ by less than a microsecond but their buckets (rounded up to
 /// whole µs) do not: 1 s buckets and 1.000001 s buckets under one key would
@@ -795,7 +498,7 @@ async fn default_prefixes_of_other_bucket_widths_never_share_a_key() {
 #[test]
 fn socket_addresses_that_differ_in_flow_info_write_distinct_keys() {
     use std::net::{SocketAddr, SocketAddrV6};
-    use tower_sliding_window::RedisKey;
+    use tower_sliding_window::redis::RedisKey;
     let bytes = |k: &SocketAddr| {
         let mut out = Vec::new();
         k.write_redis_key(&mut out);

@@ -10,14 +10,15 @@ use tonic::transport::{Channel, Server};
 use tonic::{Code, Request};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use tower_sliding_window::{Policy, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, Policy, SlidingWindowLayer};
 
 async fn serve(layer_limit: u32) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_reporter, health) = tonic_health::server::health_reporter();
     // Key: the gRPC method path, so one method's flood does not starve another.
-    let by_method = |req: &http::Request<tonic::body::Body>| Some(req.uri().path().to_owned());
+    let by_method =
+        key_fn(|req: &http::Request<tonic::body::Body>| Some(req.uri().path().to_owned()));
     let policy = Policy::builder()
         .name("grpc")
         .limit(layer_limit)

@@ -30,7 +30,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_sliding_window::{OnLimit, Policy, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, OnLimit, Policy, SlidingWindowLayer, WaitConfig};
 
 mod wait_model;
 use wait_model::{drive, earliest, ms_since, Action, Geo};
@@ -114,33 +114,30 @@ async fn run(
     arrivals: &[Arrival],
 ) -> (Vec<Obs>, Vec<(usize, u64)>, usize) {
     let start = Instant::now();
-    let mut builder = SlidingWindowLayer::builder(|req: &Request<usize>| {
-        req.headers().get("x-key").map(|v| v.as_bytes().to_vec())
+    let policies = geos.iter().enumerate().map(|(i, g)| {
+        Policy::builder()
+            .name(format!("p{i}"))
+            .limit(g.limit)
+            .window(Duration::from_millis(g.width * g.n))
+            .buckets(g.n as u32)
+            .build()
+            .unwrap()
     });
-    for (i, g) in geos.iter().enumerate() {
-        builder = builder.policy(
-            Policy::builder()
-                .name(format!("p{i}"))
-                .limit(g.limit)
-                .window(Duration::from_millis(g.width * g.n))
-                .buckets(g.n as u32)
-                .build()
-                .unwrap(),
-        );
-    }
-    let layer = builder
-        .cost(|req: &Request<usize>| {
-            req.headers()
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        })
-        .on_limit(OnLimit::Wait {
-            max_wait: Duration::from_millis(max_wait_ms),
-            max_queue,
-        })
-        .build()
-        .unwrap();
+    let layer = SlidingWindowLayer::builder(key_fn(|req: &Request<usize>| {
+        req.headers().get("x-key").map(|v| v.as_bytes().to_vec())
+    }))
+    .policies(policies)
+    .cost(|req: &Request<usize>| {
+        req.headers()
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    })
+    .on_limit(OnLimit::Wait(
+        WaitConfig::bounded(Duration::from_millis(max_wait_ms), max_queue).unwrap(),
+    ))
+    .build()
+    .unwrap();
     let served: Arc<Mutex<Vec<(usize, u64)>>> = Default::default();
     let inner = Inner {
         start,

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_sliding_window::{OnLimit, Policy, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, OnLimit, Policy, SlidingWindowLayer, WaitConfig};
 
 #[derive(Debug, Clone)]
 struct Arrival {
@@ -54,16 +54,13 @@ async fn run(
     arrivals: Vec<Arrival>,
 ) -> Run {
     let start = Instant::now();
-    let layer = SlidingWindowLayer::builder(|req: &Request<usize>| {
+    let layer = SlidingWindowLayer::builder(key_fn(|req: &Request<usize>| {
         req.headers().get("x-key").map(|v| v.as_bytes().to_vec())
-    })
+    }))
     // 20 ms and 100 ms buckets: boundaries on whole milliseconds.
     .policy(policy("short", short.0, short.1, (short.1 / 20) as u32))
     .policy(policy("long", long.0, long.1, (long.1 / 100) as u32))
-    .on_limit(OnLimit::Wait {
-        max_wait,
-        max_queue: 8,
-    })
+    .on_limit(OnLimit::Wait(WaitConfig::bounded(max_wait, 8).unwrap()))
     .build()
     .unwrap();
     let served: Arc<Mutex<Vec<(usize, Instant)>>> = Default::default();

@@ -30,18 +30,18 @@ pub enum Keys {
     PeerIp,
 }
 
-pub fn ours(limit: u32) -> SlidingWindowLayer<(), GlobalKey> {
+pub fn ours(limit: u32) -> SlidingWindowLayer<GlobalKey> {
     ours_with(limit, GlobalKey)
 }
 
-pub fn ours_with<X: OurExtractor<Req>>(limit: u32, keys: X) -> SlidingWindowLayer<X::Key, X> {
+pub fn ours_with<X: OurExtractor<Req>>(limit: u32, keys: X) -> SlidingWindowLayer<X> {
     SlidingWindowLayer::builder(keys)
         .policy(Policy::per(limit, Duration::from_secs(3600)).unwrap())
         .build()
         .unwrap()
 }
 
-pub fn ours_peer_ip(limit: u32) -> SlidingWindowLayer<<PeerIp as OurExtractor<Req>>::Key, PeerIp> {
+pub fn ours_peer_ip(limit: u32) -> SlidingWindowLayer<PeerIp> {
     ours_with(limit, PeerIp::new())
 }
 

@@ -13,7 +13,8 @@ use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
-use tower_sliding_window::{Clock, Limiter, Policy, TokioClock};
+use tower_sliding_window::clock::{Clock, TokioClock};
+use tower_sliding_window::{Limiter, Policy};
 
 /// Keys in the round-robin workloads.
 pub const KEYS: u64 = 100_000;

@@ -18,7 +18,7 @@ use crate::ConfigError;
 ///
 /// ```
 /// use std::net::IpAddr;
-/// use tower_sliding_window::IpNet;
+/// use tower_sliding_window::extract::IpNet;
 ///
 /// let net: IpNet = "10.0.0.0/8".parse()?;
 /// assert!(net.contains("10.200.3.4".parse::<IpAddr>()?));
@@ -42,7 +42,7 @@ impl IpNet {
     ///
     /// ```
     /// use std::net::Ipv4Addr;
-    /// use tower_sliding_window::IpNet;
+    /// use tower_sliding_window::extract::IpNet;
     ///
     /// let net = IpNet::new(Ipv4Addr::new(192, 168, 7, 9).into(), 16)?;
     /// assert_eq!(net.to_string(), "192.168.0.0/16");

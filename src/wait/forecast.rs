@@ -9,22 +9,10 @@
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::Precision;
-use crate::ring::Geometry;
+use crate::ring::{Geometry, WindowSnapshot};
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// One policy's window for one key, as a check now would see it.
-#[doc(hidden)]
-#[derive(Debug, Clone)]
-pub struct WindowSnapshot {
-    pub(crate) geometry: Geometry,
-    /// The policy's clock reading (ns).
-    pub(crate) now: u64,
-    /// The slot a check now runs at, and the units at each age `0..=N` from it.
-    pub(crate) slot: u64,
-    pub(crate) counts: Vec<u64>,
-}
 
 /// One policy's forecast window, in its own clock's nanoseconds.
 struct Window {

@@ -10,9 +10,10 @@
 //!   its own cost fits. Whoever removes or frees something wakes the head.
 //! - A key's entry is removed from the map as soon as `entries` is empty.
 
-use super::forecast::{Forecast, WindowSnapshot};
-use super::{WaitConfig, WaitRejectReason, WaitStats};
+use super::forecast::Forecast;
+use super::{WaitConfig, WaitRejectReason, WaitRejected, WaitStats};
 use crate::decision::Decision;
+use crate::ring::WindowSnapshot;
 use crate::stats::bump;
 use dashmap::DashMap;
 use std::collections::VecDeque;
@@ -61,16 +62,6 @@ pub(crate) struct Denied {
     /// Units were counted under some policies and given back (all-or-nothing):
     /// a check that ran meanwhile may have been denied for them.
     pub(crate) gave_back: bool,
-}
-
-/// A request turned away: why, which policy to report, and the decision to report.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Rejection {
-    pub(crate) reason: WaitRejectReason,
-    // Which policy to name in the response (read by the tower layer).
-    #[allow(dead_code)]
-    pub(crate) policy: usize,
-    pub(crate) decision: Decision,
 }
 
 #[derive(Default)]
@@ -173,7 +164,7 @@ impl<A> KeyQueue<A> {
 
 /// What one poll of a waiter found.
 enum Step<A> {
-    Ready(Result<A, Rejection>),
+    Ready(Result<A, WaitRejected>),
     Pending,
     SleepUntil(Instant),
 }
@@ -280,7 +271,7 @@ pub(crate) struct Waiter<K, G, A> {
 }
 
 enum WaiterState<A> {
-    Done(Result<A, Rejection>),
+    Done(Result<A, WaitRejected>),
     Waiting {
         id: u64,
         /// Armed only while this waiter is the head and over the limit.
@@ -339,7 +330,7 @@ impl<K, G, A: Copy> Waiter<K, G, A> {
     /// The outcome, once decided (on arrival or since), taken by the caller:
     /// an admission is then the caller's to use, and no longer given back when
     /// the waiter is dropped.
-    pub(crate) fn take_decided(&mut self) -> Option<Result<A, Rejection>> {
+    pub(crate) fn take_decided(&mut self) -> Option<Result<A, WaitRejected>> {
         match &self.state {
             WaiterState::Done(result) => {
                 self.delivered = true;
@@ -363,7 +354,7 @@ fn decided<K, G: Gate<K>>(
             bump(&gate.queues().counters.admitted_at_once);
             WaiterState::Done(Ok(admitted))
         }
-        Err(denied) => WaiterState::Done(Err(Rejection {
+        Err(denied) => WaiterState::Done(Err(WaitRejected {
             reason: WaitRejectReason::CostExceedsLimit,
             policy: denied.policy,
             decision: denied.decision,
@@ -476,7 +467,7 @@ enum Joined<A> {
         expected: Option<Instant>,
     },
     /// Admitted; or a cost above a limit (`Err(Ok)`); or turned away (`Err(Err)`).
-    Decided(Result<A, Result<Denied, Rejection>>),
+    Decided(Result<A, Result<Denied, WaitRejected>>),
 }
 
 /// Join `key`'s queue `q` (its lock held), or decide at once.
@@ -540,7 +531,7 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
                 None => (next.binding, forecast.denial(next.binding, cost, now, wait)),
             };
             decision.retry_after_ns = crate::clock::saturating_nanos(wait).max(1);
-            return Joined::Decided(Err(Err(Rejection {
+            return Joined::Decided(Err(Err(WaitRejected {
                 reason,
                 policy,
                 decision,
@@ -564,7 +555,7 @@ fn join<K: Hash + Eq + Clone, G: Gate<K>>(
                 Duration::ZERO,
             ),
         });
-        return Joined::Decided(Err(Err(Rejection {
+        return Joined::Decided(Err(Err(WaitRejected {
             reason: WaitRejectReason::QueueFull,
             policy: d.policy,
             decision: d.decision,
@@ -680,7 +671,7 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
         q.waiting -= 1;
         q.forecast = None;
         wake.extend(q.head_waker());
-        return Step::Ready(Err(Rejection {
+        return Step::Ready(Err(WaitRejected {
             reason,
             policy: denied.policy,
             decision: denied.decision,
@@ -795,8 +786,9 @@ fn cancel<K: Hash + Eq + Clone, G: Gate<K>>(gate: &G, key: &K, id: u64) {
 
 /// A waiter whose queue entry is gone: cannot happen while the invariants
 /// hold; answered with a rejection rather than a panic.
-fn lost() -> Rejection {
-    Rejection {
+fn lost() -> WaitRejected {
+    debug_assert!(false, "a waiter's queue entry is gone");
+    WaitRejected {
         reason: WaitRejectReason::WaitTooLong,
         policy: 0,
         decision: Decision::from_parts(
@@ -820,7 +812,7 @@ fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
 impl<K, G, A> Unpin for Waiter<K, G, A> {}
 
 impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Future for Waiter<K, G, A> {
-    type Output = Result<A, Rejection>;
+    type Output = Result<A, WaitRejected>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -905,7 +897,7 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Reservation<K, G, 
     }
 
     /// Ready once one unit is reserved.
-    pub(crate) fn poll_reserve(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Rejection>> {
+    pub(crate) fn poll_reserve(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WaitRejected>> {
         loop {
             match &mut self.state {
                 ReservationState::Reserved(_) => return Poll::Ready(Ok(())),

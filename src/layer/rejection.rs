@@ -7,18 +7,26 @@
 //! inner service's error type, while [`ErrorRejection`] turns the error type into
 //! [`BoxError`] to carry a [`RateLimited`].
 
-use crate::error::{ConfigError, KeyMissing, RateLimited};
-use crate::response::{self, HeaderOptions, PolicyName, RateLimitHeaders, Report};
+use super::response::{self, HeaderOptions, PolicyName, RateLimitHeaders, Report};
+use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::store::StoreError;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
+use std::fmt;
+use std::time::Duration;
 use tower::BoxError;
 use tower_service::Service;
 
 /// Why a request is rejected.
+#[derive(Debug)]
 pub enum Rejection<'a> {
+    /// Over a limit: the binding policy's report, and its name.
     Limited(Report<'a>, &'a PolicyName),
+    /// A store could not decide and fails closed.
     StoreUnavailable(&'a StoreError),
-    KeyMissing,
+    /// No key, under `MissingKey::Reject`: the status the extractor (or the
+    /// layer) gives it.
+    KeyMissing(StatusCode),
 }
 
 pub(crate) mod sealed {
@@ -30,6 +38,12 @@ pub(crate) mod sealed {
         /// Dry run: every forwarded response carries the headers a client would
         /// have paced itself by (HTTP mode).
         fn headers_on_every_response(&mut self) {}
+
+        /// The status a request without a key is rejected with, when the
+        /// layer sets one (HTTP mode).
+        fn missing_key_status(&self) -> Option<StatusCode> {
+            None
+        }
     }
 
     /// What a forwarded request's outcome `O` becomes: a trait of its own,
@@ -64,6 +78,13 @@ pub(crate) mod sealed {
             rejection: Rejection<'_>,
         ) -> Result<Self::Response, Self::Error>;
     }
+
+    /// Who builds the response to a rate-limited HTTP request: the layer
+    /// ([`DefaultResponse`]) or the user's hook ([`CustomResponse`]).
+    pub trait Respond<B>: Send + Sync + 'static {
+        /// The response for `limited`, or `None` for the layer's own.
+        fn respond(&self, limited: impl FnOnce() -> RateLimited) -> Option<Response<B>>;
+    }
 }
 
 /// How rejections are delivered for request type `Req` to an inner service `S`:
@@ -75,6 +96,13 @@ pub(crate) mod sealed {
 /// and keeps the inner service's error type, while [`ErrorRejection`]
 /// ([`reject_with_errors`](crate::SlidingWindowLayerBuilder::reject_with_errors))
 /// makes the error type [`BoxError`] to carry a [`RateLimited`].
+#[diagnostic::on_unimplemented(
+    message = "the layer cannot reject requests of type `{Req}` in front of `{S}` with `{Self}`",
+    note = "`HttpRejection` (the default) answers `http::Request`s with responses; it needs a \
+            response body that implements `Default`",
+    note = "for any other request type, build the layer with `.reject_with_errors()`; the inner \
+            service's error must then convert into `BoxError`"
+)]
 pub trait RejectionMode<Req, S: Service<Req>>: sealed::Mode<Req, S> {}
 
 impl<T, Req, S> RejectionMode<Req, S> for T
@@ -92,15 +120,22 @@ impl<T: sealed::Configure> ModeConfig for T {}
 /// Answer rejected `http::Request`s with a response (the default mode). The
 /// response body is the inner service's (`ResBody: Default`) and the error type
 /// stays the inner service's, so the layer composes with axum (whose routes must
-/// stay `Infallible`) and tonic without boxing.
+/// stay `Infallible`) and tonic without boxing. `R` builds the response to a
+/// rate-limited request: the layer's own ([`DefaultResponse`]), or yours
+/// ([`CustomResponse`], from
+/// [`reject_with`](crate::SlidingWindowLayerBuilder::reject_with)).
 ///
 /// # Responses
 ///
 /// | case | plain HTTP | gRPC (`content-type: application/grpc…`) |
 /// |---|---|---|
 /// | over a limit | 429 (configurable), empty body, or your [`RejectResponse`] | 200, `grpc-status: 8` (configurable), `grpc-message`, `grpc-retry-pushback-ms`, and the rate-limit headers below |
-/// | no key, [`MissingKey::Reject`](crate::MissingKey::Reject) | the rejection status, no rate-limit headers | the rejection code |
+/// | no key, [`MissingKey::Reject`](crate::MissingKey::Reject) | the extractor's [`missing_key_status`](crate::extract::Keyed::missing_key_status) (400, or 500 for the address extractors; configurable), no rate-limit headers | the code for that status: 3 INVALID_ARGUMENT for a 4xx, 16 UNAUTHENTICATED for 401, 7 PERMISSION_DENIED for 403, 8 RESOURCE_EXHAUSTED for 429, 14 UNAVAILABLE for 503, 13 INTERNAL for another 5xx |
 /// | store down (fails closed) | 503 with `Retry-After` | `grpc-status: 14` UNAVAILABLE |
+///
+/// A missing key is not throttling: it never answers 429 or `Retry-After`
+/// (unless you set 429 yourself), so clients do not retry a request that
+/// cannot pass.
 ///
 /// gRPC rejections are "trailers-only": the status travels in the response
 /// headers of an empty body, which gRPC clients read as the call's status. The
@@ -114,8 +149,8 @@ impl<T: sealed::Configure> ModeConfig for T {}
 /// [`headers_on_allowed(true)`](crate::SlidingWindowLayerBuilder::headers_on_allowed)
 /// or in a [`dry_run`](crate::SlidingWindowLayerBuilder::dry_run) (never
 /// `Retry-After`), and not when every policy's store failed open
-/// ([`Decision::is_unchecked`](crate::Decision::is_unchecked)): such a store
-/// knows nothing of the key, so a checked policy is reported or none.
+/// ([`Decision::is_unchecked`]): such a store knows nothing of the key, so a
+/// checked policy is reported or none.
 ///
 /// | header | value |
 /// |---|---|
@@ -127,19 +162,15 @@ impl<T: sealed::Configure> ModeConfig for T {}
 /// In strict mode a unit counts for up to one window plus one bucket, so waits
 /// can exceed the window by one bucket (`window / buckets`).
 #[derive(Debug, Clone, Default)]
-pub struct HttpRejection<H = DefaultResponse> {
+pub struct HttpRejection<R = DefaultResponse> {
     pub(crate) options: HeaderOptions,
-    pub(crate) hook: H,
+    pub(crate) response: R,
 }
 
 /// Builds the response for a rate-limited HTTP request; see
 /// [`reject_with`](crate::SlidingWindowLayerBuilder::reject_with). Any
-/// `Fn(&RateLimited) -> http::Response<B>` is one.
+/// `Fn(&RateLimited) -> http::Response<B>`, boxed or shared in an `Arc`, is one.
 pub trait RejectResponse<B>: Send + Sync + 'static {
-    /// False only for [`DefaultResponse`], which leaves the response to the layer.
-    #[doc(hidden)]
-    const CUSTOM: bool = true;
-
     /// The response for `limited`. The layer adds its rate-limit headers
     /// afterwards unless the response already has them.
     fn respond(&self, limited: &RateLimited) -> Response<B>;
@@ -154,27 +185,49 @@ where
     }
 }
 
-/// The layer's own rejection response (429, or the configured status, empty body).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DefaultResponse;
-
-impl<B: Default> RejectResponse<B> for DefaultResponse {
-    const CUSTOM: bool = false;
-
-    fn respond(&self, _limited: &RateLimited) -> Response<B> {
-        Response::new(B::default())
+impl<F, B> RejectResponse<B> for std::sync::Arc<F>
+where
+    F: Fn(&RateLimited) -> Response<B> + Send + Sync + ?Sized + 'static,
+{
+    fn respond(&self, limited: &RateLimited) -> Response<B> {
+        (**self)(limited)
     }
 }
 
-impl<H> sealed::Configure for HttpRejection<H> {
+/// The layer's own rejection response: 429 (or the configured status), empty
+/// body, rate-limit headers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultResponse;
+
+/// Your [`RejectResponse`] for rate-limited requests; made by
+/// [`reject_with`](crate::SlidingWindowLayerBuilder::reject_with).
+#[derive(Debug, Clone, Copy)]
+pub struct CustomResponse<F>(pub(crate) F);
+
+impl<B: Default> sealed::Respond<B> for DefaultResponse {
+    #[inline]
+    fn respond(&self, _limited: impl FnOnce() -> RateLimited) -> Option<Response<B>> {
+        None
+    }
+}
+
+impl<B, F: RejectResponse<B>> sealed::Respond<B> for CustomResponse<F> {
+    fn respond(&self, limited: impl FnOnce() -> RateLimited) -> Option<Response<B>> {
+        Some(self.0.respond(&limited()))
+    }
+}
+
+impl<R> sealed::Configure for HttpRejection<R> {
     fn headers_on_every_response(&mut self) {
         self.options.on_allowed = true;
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let status = self.options.status;
-        if !(status.is_client_error() || status.is_server_error()) {
-            return Err(ConfigError::InvalidStatus { status });
+        let statuses = [Some(self.options.status), self.options.missing_key_status];
+        for status in statuses.into_iter().flatten() {
+            if !(status.is_client_error() || status.is_server_error()) {
+                return Err(ConfigError::InvalidStatus { status });
+            }
         }
         if !(1..=16).contains(&self.options.grpc_status) {
             return Err(ConfigError::InvalidGrpcCode {
@@ -183,9 +236,13 @@ impl<H> sealed::Configure for HttpRejection<H> {
         }
         Ok(())
     }
+
+    fn missing_key_status(&self) -> Option<StatusCode> {
+        self.options.missing_key_status
+    }
 }
 
-impl<H, ResBody, E> sealed::Finish<Result<Response<ResBody>, E>> for HttpRejection<H> {
+impl<R, ResBody, E> sealed::Finish<Result<Response<ResBody>, E>> for HttpRejection<R> {
     type Response = Response<ResBody>;
     type Error = E;
 
@@ -204,11 +261,11 @@ impl<H, ResBody, E> sealed::Finish<Result<Response<ResBody>, E>> for HttpRejecti
     }
 }
 
-impl<H, S, ReqBody, ResBody> sealed::Mode<Request<ReqBody>, S> for HttpRejection<H>
+impl<R, S, ReqBody, ResBody> sealed::Mode<Request<ReqBody>, S> for HttpRejection<R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
-    H: RejectResponse<ResBody>,
+    R: sealed::Respond<ResBody>,
 {
     #[inline]
     fn map_error(error: S::Error) -> S::Error {
@@ -237,25 +294,32 @@ where
             Rejection::Limited(report, name) => {
                 let headers = RateLimitHeaders::new(&self.options, &report, true);
                 if let Some(content_type) = grpc {
-                    response::grpc_limited(content_type, &self.options, &report, headers)
-                } else if H::CUSTOM {
-                    let limited = RateLimited::new(report.decision, PolicyName::clone(name));
-                    let mut response = self.hook.respond(&limited);
-                    // A rejection never goes out as a success, nor as a 1xx,
-                    // which cannot be a final response.
-                    if response.status().is_success() || response.status().is_informational() {
-                        *response.status_mut() = self.options.status;
+                    return Ok(response::grpc_limited(
+                        content_type,
+                        &self.options,
+                        &report,
+                        headers,
+                    ));
+                }
+                let limited = || RateLimited::new(report.decision, PolicyName::clone(name));
+                match self.response.respond(limited) {
+                    Some(mut response) => {
+                        // A rejection never goes out as a success, nor as a
+                        // 1xx, which cannot be a final response.
+                        let status = response.status();
+                        if status.is_success() || status.is_informational() {
+                            *response.status_mut() = self.options.status;
+                        }
+                        headers.write_to(response.headers_mut());
+                        response
                     }
-                    headers.write_to(response.headers_mut());
-                    response
-                } else {
-                    response::limited(&self.options, headers)
+                    None => response::limited(&self.options, headers),
                 }
             }
             Rejection::StoreUnavailable(error) => {
                 response::store_unavailable(&self.options, grpc, error)
             }
-            Rejection::KeyMissing => response::key_missing(&self.options, grpc),
+            Rejection::KeyMissing(status) => response::key_missing(status, grpc),
         })
     }
 }
@@ -306,7 +370,99 @@ where
                 Box::new(RateLimited::new(report.decision, PolicyName::clone(name)))
             }
             Rejection::StoreUnavailable(error) => Box::new(error.clone()),
-            Rejection::KeyMissing => Box::new(KeyMissing),
+            Rejection::KeyMissing(_) => Box::new(KeyMissing),
         })
     }
 }
+
+/// A request the layer rejected because a policy's limit was reached: the error
+/// value a non-HTTP service sees (boxed in tower's [`BoxError`](tower::BoxError)
+/// convention; downcast to get it back).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+/// use tower_sliding_window::{GlobalKey, Policy, RateLimited, SlidingWindowLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let layer = SlidingWindowLayer::builder(GlobalKey)
+///     .policy(Policy::per(1, Duration::from_secs(60)).unwrap())
+///     .reject_with_errors()
+///     .build()
+///     .unwrap();
+/// let mut svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service_fn(|n: u32| async move { Ok::<_, BoxError>(n * 2) });
+///
+/// assert_eq!(svc.ready().await.unwrap().call(21).await.unwrap(), 42);
+/// let err = svc.ready().await.unwrap().call(21).await.unwrap_err();
+/// let limited = err.downcast_ref::<RateLimited>().unwrap();
+/// assert_eq!(limited.policy_name(), "default");
+/// assert!(limited.retry_after().unwrap() > Duration::ZERO);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RateLimited {
+    decision: Decision,
+    policy_name: PolicyName,
+}
+
+impl RateLimited {
+    pub(crate) fn new(decision: Decision, policy_name: PolicyName) -> Self {
+        RateLimited {
+            decision,
+            policy_name,
+        }
+    }
+
+    /// The denying policy's decision (limit, remaining, retry and reset times).
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The name of the policy that denied the request ([`Policy::name`](crate::Policy::name)).
+    pub fn policy_name(&self) -> &str {
+        &self.policy_name
+    }
+
+    /// How long until the request could pass; `None` when its cost exceeds the
+    /// limit, so no wait helps.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.decision.retry_after()
+    }
+}
+
+impl fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.decision.retry_after() {
+            Some(wait) => write!(
+                f,
+                "rate limit of policy \"{}\" exceeded; retry after {wait:?}",
+                self.policy_name
+            ),
+            None => write!(
+                f,
+                "request cost exceeds the limit of policy \"{}\"",
+                self.policy_name
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RateLimited {}
+
+/// A request had no rate-limit key and the layer is set to
+/// [`MissingKey::Reject`](crate::MissingKey::Reject): the error value a non-HTTP
+/// service sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyMissing;
+
+impl fmt::Display for KeyMissing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("request has no rate-limit key")
+    }
+}
+
+impl std::error::Error for KeyMissing {}

@@ -2,8 +2,8 @@
 //! after its clock is set back (a `ManualClock`, or any custom `Clock` that is
 //! not monotonic, which the `Clock` docs say is tolerated).
 
+use crate::{Limiter, ManualClock, Policy};
 use std::time::Duration;
-use tower_sliding_window::{Limiter, ManualClock, Policy};
 
 /// The limiter sizes its partitions for 4096 keys each.
 const PARTITION: usize = 4096;
@@ -38,7 +38,7 @@ fn idle_keys_are_still_evicted_by_the_limiter_after_the_clock_is_set_back() {
     clock.set(10_000_000_000);
     for _ in 0..8 {
         clock.advance(limiter.policy().bucket_width());
-        limiter.check(&u64::MAX);
+        let _ = limiter.check(&u64::MAX);
     }
     let stats = limiter.stats();
     assert_eq!(stats.keys_tracked, 2, "{stats:?}");
@@ -72,7 +72,7 @@ fn at_the_cap_keys_idle_since_before_a_set_back_make_room_for_new_ones() {
         if user % 64 == 0 {
             clock.advance(width);
         }
-        limiter.check(&(1_000_000 + user));
+        let _ = limiter.check(&(1_000_000 + user));
     }
     let stats = limiter.stats();
     assert_eq!(stats.overflowed, 0, "{stats:?}");

@@ -3,14 +3,15 @@
 //! Policies use 100 ms buckets (1.5 s / 15 or 300 ms / 3) so that every bucket
 //! boundary falls on a whole millisecond, where tokio's timers fire exactly.
 
+use crate::{
+    wait::{Backpressure, WaitQueues, WaitRejectReason},
+    Limiter, Policy, WaitConfig,
+};
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::{advance, sleep_until, Instant};
-use tower_sliding_window::{
-    Backpressure, Limiter, Policy, WaitConfig, WaitQueues, WaitRejectReason,
-};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -40,7 +41,7 @@ fn spawn_waiters(q: &Arc<WaitQueues<u32>>, key: u32, n: usize, log: &Log) -> Vec
         expected.push(waiter.expected_admission().unwrap_or_else(Instant::now));
         let log = log.clone();
         tokio::spawn(async move {
-            waiter.await.unwrap();
+            let _ = waiter.await.unwrap();
             log.lock().unwrap().push((i, Instant::now()));
         });
     }
@@ -164,7 +165,7 @@ async fn at_max_keys_the_forecast_reads_the_overflow_ring_that_decides_the_key()
 #[tokio::test(start_paused = true)]
 async fn a_request_that_finds_the_queue_full_is_rejected_at_once() {
     let q = queues::<&str>(1, Duration::from_secs(60), 2);
-    q.acquire("k", 1).await.unwrap();
+    let _ = q.acquire("k", 1).await.unwrap();
     let w1 = q.acquire("k", 1);
     let w2 = q.acquire("k", 1);
     assert!(w1.is_waiting() && w2.is_waiting());
@@ -183,12 +184,12 @@ async fn a_request_that_finds_the_queue_full_is_rejected_at_once() {
 async fn a_dropped_head_lets_the_next_waiter_in_earlier() {
     let start = Instant::now();
     let q = queues::<u32>(2, Duration::from_secs(60), 100);
-    q.acquire(1, 2).await.unwrap();
+    let _ = q.acquire(1, 2).await.unwrap();
     let big = q.acquire(1, 2); // 1.6 s, taking both units
     let small = q.acquire(1, 1); // behind it: 3.2 s
     assert_eq!(small.expected_admission(), Some(start + ms(3200)));
     let small = tokio::spawn(async move {
-        small.await.unwrap();
+        let _ = small.await.unwrap();
         Instant::now()
     });
     let big = tokio::spawn(big);
@@ -205,14 +206,14 @@ async fn an_admitted_waiter_dropped_before_its_turn_is_used_gives_its_unit_back(
     let start = Instant::now();
     let q = queues::<u32>(2, Duration::from_secs(60), 100);
     let limiter = q.limiter().clone();
-    q.acquire(1, 2).await.unwrap();
+    let _ = q.acquire(1, 2).await.unwrap();
     let a = q.acquire(1, 1);
     let b = q.acquire(1, 1); // admitted with `a` at 1.6 s, but never polled
     let c = q.acquire(1, 1); // 3.2 s
     assert_eq!(c.expected_admission(), Some(start + ms(3200)));
     let a = tokio::spawn(a);
     let c = tokio::spawn(async move {
-        c.await.unwrap();
+        let _ = c.await.unwrap();
         Instant::now()
     });
     sleep_until(start + ms(1601)).await;
@@ -437,7 +438,7 @@ async fn an_interpolated_policy_is_not_rejected_for_the_strict_forecasts_wait() 
         .limit(10)
         .window(ms(1000))
         .buckets(10)
-        .precision(tower_sliding_window::Precision::Interpolated)
+        .precision(crate::Precision::Interpolated)
         .build()
         .unwrap();
     let limiter = Arc::new(Limiter::new(policy).unwrap());
@@ -478,7 +479,7 @@ async fn a_head_is_woken_for_the_units_a_later_waiter_polled_late_gives_back() {
     let start = Instant::now();
     let q = queues::<u32>(2, Duration::from_secs(60), 100);
     let at = |t: u64| start + ms(t);
-    q.acquire(1, 2).await.unwrap();
+    let _ = q.acquire(1, 2).await.unwrap();
     // h1 admits itself and e1 at 1.6 s; h2 admits itself and e2 at 3.2 s.
     let h1 = tokio::spawn(q.acquire(1, 1));
     let e1 = q.acquire(1, 1);
@@ -493,7 +494,7 @@ async fn a_head_is_woken_for_the_units_a_later_waiter_polled_late_gives_back() {
     // e1's unit (1.6 s) has left the window; e2's (3.2 s) is in it, with h2's.
     sleep_until(at(3300)).await;
     let e1 = tokio::spawn(async move {
-        e1.await.unwrap();
+        let _ = e1.await.unwrap();
         Instant::now()
     });
     tokio::task::yield_now().await; // e1 waits again, at the head, denied
@@ -501,7 +502,7 @@ async fn a_head_is_woken_for_the_units_a_later_waiter_polled_late_gives_back() {
     assert!(polled.is_pending(), "e2 waits again behind e1");
     assert_eq!(q.limiter().usage(&1).used, 1, "e2's unit is back");
     let e2 = tokio::spawn(async move {
-        e2.await.unwrap();
+        let _ = e2.await.unwrap();
         Instant::now()
     });
     // e1 takes e2's unit now; e2 waits for h2's to leave (4.8 s).

@@ -9,10 +9,10 @@
 //!
 //! Time is driven by a `ManualClock`, so every clock reading is exact.
 
+use crate::{Decision, Limiter, ManualClock, Outcome, Policy, Precision};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
-use tower_sliding_window::{Decision, Limiter, ManualClock, Outcome, Policy, Precision};
 
 const KEYS: u8 = 3;
 

@@ -22,7 +22,8 @@ use std::task::{Context, Poll};
 /// use std::future::poll_fn;
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use tower_sliding_window::{Backpressure, Limiter, Policy};
+/// use tower_sliding_window::wait::Backpressure;
+/// use tower_sliding_window::{Limiter, Policy};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -67,9 +68,7 @@ impl<C: Clock> Backpressure<C> {
     /// at the instant a unit frees, or when the holders ahead are served) until
     /// then. An error only for a queue with bounds (see [`WaitConfig`]).
     pub fn poll_reserve(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WaitRejected>> {
-        self.reservation
-            .poll_reserve(cx)
-            .map_err(WaitRejected::from)
+        self.reservation.poll_reserve(cx)
     }
 
     /// True when a unit is reserved.

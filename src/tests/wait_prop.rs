@@ -4,11 +4,12 @@
 //! order, never later than the forecast given on arrival (so never past
 //! `max_wait`), and each waiter registers at most one timer.
 
+use crate::wait::{WaitQueues, WaitStats};
+use crate::{Limiter, Policy, WaitConfig};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
-use tower_sliding_window::{Limiter, Policy, WaitConfig, WaitQueues, WaitStats};
 
 const WINDOW_MS: u64 = 300;
 const BUCKETS: u64 = 3; // 100 ms buckets: boundaries on whole milliseconds

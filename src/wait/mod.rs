@@ -11,7 +11,7 @@
 //!
 //! Only the **head** of a queue (the oldest waiter not yet admitted) holds a
 //! timer: it checks the limiter, and when denied sleeps until the decision's
-//! `retry_after`, the exact instant its cost fits (with [`TokioClock`](crate::TokioClock), the
+//! `retry_after`, the exact instant its cost fits (with [`TokioClock`](crate::clock::TokioClock), the
 //! limiter and the timer read the same clock). When it fits, the head admits
 //! itself and every following waiter that fits at the same instant, in order, and
 //! wakes them; the next waiter still over the limit becomes the head and arms its
@@ -53,7 +53,7 @@
 //! # Requirements and memory
 //!
 //! Waits are tokio timers, so they are exact when the limiter's clock is tokio's
-//! ([`TokioClock`](crate::TokioClock), as a waiting tower layer uses; [`AutoClock`](crate::AutoClock)
+//! ([`TokioClock`](crate::clock::TokioClock), as a waiting tower layer uses; [`AutoClock`]
 //! in a paused runtime). With another monotonic clock a wait is measured as a
 //! duration from that clock's reading, so it is never early; a clock that lags
 //! (the coarse one) can make the head wake up to one of its ticks late, or check
@@ -70,19 +70,20 @@
 //! it was polled gives its units back with [`Limiter::undo`], and the head is
 //! woken to use them.
 
+mod backpressure;
 mod forecast;
 mod queue;
 
+pub use backpressure::Backpressure;
+
 pub(crate) use forecast::fingerprint;
-pub use forecast::WindowSnapshot;
-pub(crate) use queue::{
-    release, release_unused, Denied, Gate, Queues, Rejection, Reservation, Waiter,
-};
+pub(crate) use queue::{release, release_unused, Denied, Gate, Queues, Reservation, Waiter};
 
 use crate::clock::{AutoClock, Clock};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::Limiter;
+use crate::ring::WindowSnapshot;
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
@@ -144,6 +145,7 @@ impl WaitConfig {
 
 /// Why a request was turned away instead of waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WaitRejectReason {
     /// The key already had `max_queue` waiters.
     QueueFull,
@@ -156,11 +158,15 @@ pub enum WaitRejectReason {
 /// A request turned away at once rather than after waiting; `decision` is what
 /// to report (its `retry_after` is the forecast wait when one was computed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WaitRejected {
     /// Why.
     pub reason: WaitRejectReason,
     /// The denial to report (headers, `Retry-After`).
     pub decision: Decision,
+    /// Which of the gate's policies denied it (the tower layer names it in
+    /// its response).
+    pub(crate) policy: usize,
 }
 
 impl fmt::Display for WaitRejected {
@@ -185,6 +191,7 @@ impl std::error::Error for WaitRejected {}
 
 /// Totals of the wait path, for tests, benchmarks and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WaitStats {
     /// Admitted on arrival, without waiting.
     pub admitted_at_once: u64,
@@ -209,43 +216,6 @@ pub struct WaitStats {
     pub keys_waiting: usize,
 }
 
-/// A store that decides in-process, such as the in-memory [`Limiter`]: what
-/// waiting needs from a store (an answer without awaiting, and the window's
-/// bucket counts for the forecast). Remote stores cannot wait this way.
-#[doc(hidden)]
-pub trait LocalStore<K>: Send + Sync {
-    /// Check `cost` units for `key` now, counting them if they fit.
-    fn check_n(&self, key: &K, cost: u32) -> Decision;
-    /// Give back what an allowed decision counted.
-    fn undo(&self, key: &K, decision: &Decision);
-    /// The key's window now, bucket by bucket (nothing counted).
-    fn window_snapshot(&self, key: &K) -> WindowSnapshot;
-    /// True while `decision` was counted in the current bucket.
-    fn is_current(&self, decision: &Decision) -> bool;
-}
-
-impl<K, C> LocalStore<K> for Limiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync,
-    C: Clock,
-{
-    fn check_n(&self, key: &K, cost: u32) -> Decision {
-        Limiter::check_n(self, key, cost)
-    }
-
-    fn undo(&self, key: &K, decision: &Decision) {
-        Limiter::undo(self, key, decision)
-    }
-
-    fn window_snapshot(&self, key: &K) -> WindowSnapshot {
-        Limiter::window_snapshot(self, key)
-    }
-
-    fn is_current(&self, decision: &Decision) -> bool {
-        Limiter::is_current(self, decision)
-    }
-}
-
 /// The waiting queues of one limiter: FIFO per key, bounded by a [`WaitConfig`].
 ///
 /// Share it in an `Arc`; [`acquire`](WaitQueues::acquire) returns a future that
@@ -254,7 +224,8 @@ where
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use tower_sliding_window::{Limiter, Policy, WaitConfig, WaitQueues};
+/// use tower_sliding_window::wait::WaitQueues;
+/// use tower_sliding_window::{Limiter, Policy, WaitConfig};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -418,9 +389,7 @@ where
     type Output = Result<Decision, WaitRejected>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.waiter)
-            .poll(cx)
-            .map_err(WaitRejected::from)
+        Pin::new(&mut self.waiter).poll(cx)
     }
 }
 
@@ -435,14 +404,5 @@ where
             .field("waiting", &self.is_waiting())
             .field("expected_admission", &self.expected_admission())
             .finish()
-    }
-}
-
-impl From<Rejection> for WaitRejected {
-    fn from(r: Rejection) -> Self {
-        WaitRejected {
-            reason: r.reason,
-            decision: r.decision,
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! Rate-limit header values and rejection responses, built in one place.
 //!
-//! The formats are documented on [`HttpRejection`](crate::HttpRejection).
+//! The formats are documented on [`HttpRejection`](crate::layer::HttpRejection).
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::Policy;
@@ -26,6 +26,11 @@ static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-
 pub(crate) const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
 /// gRPC status code UNAVAILABLE, for a store that is down.
 const GRPC_UNAVAILABLE: u8 = 14;
+/// gRPC status codes for a request without a key, by the HTTP status it gets.
+const GRPC_INVALID_ARGUMENT: u8 = 3;
+const GRPC_PERMISSION_DENIED: u8 = 7;
+const GRPC_INTERNAL: u8 = 13;
+const GRPC_UNAUTHENTICATED: u8 = 16;
 
 /// Which headers a layer in HTTP mode writes: on rejections, all but the legacy
 /// ones; on allowed responses, none unless asked.
@@ -38,6 +43,8 @@ pub(crate) struct HeaderOptions {
     pub(crate) retry_after: bool,
     pub(crate) legacy: bool,
     pub(crate) on_allowed: bool,
+    /// The status of a request without a key; `None`: the extractor's.
+    pub(crate) missing_key_status: Option<StatusCode>,
 }
 
 impl Default for HeaderOptions {
@@ -50,6 +57,7 @@ impl Default for HeaderOptions {
             retry_after: true,
             legacy: false,
             on_allowed: false,
+            missing_key_status: None,
         }
     }
 }
@@ -412,22 +420,30 @@ pub(crate) fn store_unavailable<B: Default>(
 }
 
 /// The answer to a request without a key under [`MissingKey::Reject`](crate::MissingKey::Reject):
-/// the rejection status (gRPC: the rejection code), no rate-limit headers.
+/// `status` (gRPC: the code that status stands for), no rate-limit headers.
 pub(crate) fn key_missing<B: Default>(
-    options: &HeaderOptions,
+    status: StatusCode,
     grpc_request: Option<&HeaderValue>,
 ) -> Response<B> {
     if let Some(content_type) = grpc_request {
-        return grpc(
-            content_type,
-            options.grpc_status,
-            "no rate-limit key for this request",
-            None,
-        );
+        let message = "no rate-limit key for this request";
+        return grpc(content_type, grpc_code(status), message, None);
     }
     let mut response = Response::new(B::default());
-    *response.status_mut() = options.status;
+    *response.status_mut() = status;
     response
+}
+
+/// The gRPC status code a rejection with HTTP `status` stands for.
+fn grpc_code(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        401 => GRPC_UNAUTHENTICATED,
+        403 => GRPC_PERMISSION_DENIED,
+        429 => GRPC_RESOURCE_EXHAUSTED,
+        503 => GRPC_UNAVAILABLE,
+        400..=499 => GRPC_INVALID_ARGUMENT,
+        _ => GRPC_INTERNAL,
+    }
 }
 
 /// Percent-encode a `grpc-message` as the gRPC HTTP/2 spec asks: every byte

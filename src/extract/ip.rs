@@ -1,77 +1,12 @@
-//! Turning a request into a rate-limit key.
-//!
-//! Any `Fn(&Req) -> Option<K>` closure is a [`KeyExtractor`]. For `http::Request`
-//! there are ready ones: [`GlobalKey`] (one key for all), [`PeerIp`] (the
-//! connection's address), [`HeaderKey`] (an API key or user header) and
-//! [`ClientIp`] (the client's address behind trusted reverse proxies).
-//!
-//! The security notes for address keys (why the proxy chain is read from the
-//! right, why a spoofed `X-Forwarded-For` cannot change the key, what IPv6
-//! grouping by /64 means) are on [`ClientIp`].
+//! [`PeerIp`] and [`ClientIp`]: keys requests by the client's IP address.
 
-use std::hash::Hash;
+use super::forwarded::{self, ProxyHeader};
+use super::net::{IpGrouping, IpNet};
+use super::{KeyExtractor, Keyed};
+use crate::ConfigError;
+use http::StatusCode;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-
-use http::header::HeaderName;
-
-use crate::ConfigError;
-
-mod forwarded;
-mod net;
-
-pub use self::forwarded::ProxyHeader;
-use self::net::IpGrouping;
-pub use self::net::{IpNet, IpNetParseError};
-
-/// Pulls the rate-limit key out of a request. `None` means the request has no key;
-/// what happens then is the layer's explicit choice (let it through, reject it, or
-/// count it under a shared fallback key).
-///
-/// Any `Fn(&Req) -> Option<K>` closure is an extractor:
-///
-/// ```
-/// use tower_sliding_window::KeyExtractor;
-///
-/// let by_user = |req: &http::Request<()>| {
-///     req.headers().get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
-/// };
-/// let req = http::Request::builder().header("x-user", "ada").body(()).unwrap();
-/// assert_eq!(by_user.extract(&req), Some("ada".to_owned()));
-/// ```
-pub trait KeyExtractor<Req>: Clone + Send + Sync + 'static {
-    /// The key type.
-    type Key: Hash + Eq + Clone + Send + Sync + 'static;
-
-    /// The request's key, or `None` when it has none.
-    fn extract(&self, req: &Req) -> Option<Self::Key>;
-}
-
-impl<Req, K, F> KeyExtractor<Req> for F
-where
-    F: Fn(&Req) -> Option<K> + Clone + Send + Sync + 'static,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-{
-    type Key = K;
-
-    #[inline]
-    fn extract(&self, req: &Req) -> Option<K> {
-        self(req)
-    }
-}
-
-/// One key for every request: a global limit.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GlobalKey;
-
-impl<Req> KeyExtractor<Req> for GlobalKey {
-    type Key = ();
-
-    #[inline]
-    fn extract(&self, _req: &Req) -> Option<()> {
-        Some(())
-    }
-}
 
 /// The connection's peer address, as the server recorded it in the request's
 /// extensions: axum's `ConnectInfo<SocketAddr>` (with the `axum` feature) or a
@@ -103,13 +38,13 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
 /// ```
 /// use std::net::IpAddr;
 /// use tonic::transport::server::TcpConnectInfo;
-/// use tower_sliding_window::{KeyExtractor, PeerIp};
+/// use tower_sliding_window::{key_fn, KeyExtractor, PeerIp};
 ///
 /// let peer = PeerIp::new();
-/// let by_peer = move |req: &http::Request<tonic::body::Body>| {
+/// let by_peer = key_fn(move |req: &http::Request<tonic::body::Body>| {
 ///     let info = req.extensions().get::<TcpConnectInfo>()?;
 ///     Some(peer.key_for(info.remote_addr()?.ip()))
-/// };
+/// });
 ///
 /// let mut req = http::Request::new(tonic::body::Body::empty());
 /// req.extensions_mut().insert(TcpConnectInfo {
@@ -185,98 +120,20 @@ impl PeerIp {
     }
 }
 
-impl<B> KeyExtractor<http::Request<B>> for PeerIp {
+impl Keyed for PeerIp {
     type Key = IpAddr;
 
+    /// 500: a request without a peer address reached a server set up without
+    /// recording it (axum served without `ConnectInfo`, say).
+    fn missing_key_status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for PeerIp {
     #[inline]
     fn extract(&self, req: &http::Request<B>) -> Option<IpAddr> {
         peer_addr(req).map(|addr| self.key_for(addr.ip()))
-    }
-}
-
-/// Keys requests by the value of one header, such as an API key.
-///
-/// The key is the value as a `String` (copied, so a key held by the limiter never
-/// pins the request's receive buffer). The request has no key (`None`, the
-/// layer's `None` outcome) when the header is missing, sent more than once
-/// (ambiguous), empty, longer than [`max_len`](HeaderKey::max_len) bytes (256 by
-/// default), or holds anything but visible ASCII (`!`..=`~`; no spaces, controls
-/// or non-ASCII bytes). It never panics on any header bytes.
-///
-/// The client chooses the value: authenticate it before trusting it as an
-/// identity, and do not let the `None` outcome bypass the limit.
-///
-/// ```
-/// use tower_sliding_window::{HeaderKey, KeyExtractor};
-///
-/// let by_api_key = HeaderKey::named("x-api-key")?;
-/// let req = http::Request::builder().header("x-api-key", "k-123").body(())?;
-/// assert_eq!(by_api_key.extract(&req), Some("k-123".to_owned()));
-///
-/// let too_long = http::Request::builder().header("x-api-key", "k".repeat(300)).body(())?;
-/// assert_eq!(by_api_key.extract(&too_long), None);
-/// assert_eq!(by_api_key.extract(&http::Request::new(())), None);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct HeaderKey {
-    name: HeaderName,
-    max_len: usize,
-}
-
-impl HeaderKey {
-    /// The longest value accepted unless [`max_len`](HeaderKey::max_len) says otherwise.
-    pub const DEFAULT_MAX_LEN: usize = 256;
-
-    /// Keys by the header `name`.
-    pub fn new(name: HeaderName) -> Self {
-        HeaderKey {
-            name,
-            max_len: Self::DEFAULT_MAX_LEN,
-        }
-    }
-
-    /// Keys by the header named `name` (case-insensitive); an invalid header name is
-    /// a [`ConfigError`].
-    pub fn named(name: &str) -> Result<Self, ConfigError> {
-        HeaderName::from_bytes(name.as_bytes())
-            .map(Self::new)
-            .map_err(|_| ConfigError::InvalidHeaderName {
-                name: name.to_owned(),
-            })
-    }
-
-    /// Values longer than `max_len` bytes give no key (1 or more; 256 by default).
-    /// This bounds the memory a client can make the limiter hold per key.
-    pub fn max_len(self, max_len: usize) -> Result<Self, ConfigError> {
-        if max_len == 0 {
-            return Err(ConfigError::ZeroMaxLen);
-        }
-        Ok(HeaderKey { max_len, ..self })
-    }
-
-    /// The header read.
-    pub fn header_name(&self) -> &HeaderName {
-        &self.name
-    }
-}
-
-impl<B> KeyExtractor<http::Request<B>> for HeaderKey {
-    type Key = String;
-
-    fn extract(&self, req: &http::Request<B>) -> Option<String> {
-        let mut values = req.headers().get_all(&self.name).iter();
-        let value = values.next()?;
-        if values.next().is_some() {
-            return None;
-        }
-        let bytes = value.as_bytes();
-        if bytes.is_empty() || bytes.len() > self.max_len || !bytes.iter().all(u8::is_ascii_graphic)
-        {
-            return None;
-        }
-        // Visible ASCII is valid UTF-8.
-        std::str::from_utf8(bytes).ok().map(str::to_owned)
     }
 }
 
@@ -378,7 +235,7 @@ enum Trust {
 /// treated as the IPv4 address they carry. Like NAT for IPv4, grouping means the
 /// devices of one /64 (one household or office) share a key.
 ///
-/// **Header keys are chosen by the client.** [`HeaderKey`] keys on whatever the
+/// **Header keys are chosen by the client.** [`HeaderKey`](super::HeaderKey) keys on whatever the
 /// client sends; authenticate the value (or limit by [`ClientIp`] as well) before
 /// relying on it, and pick a `None` outcome on the layer that does not let
 /// header-less requests bypass the limit.
@@ -443,7 +300,8 @@ impl ClientIp {
     ///
     /// ```
     /// use std::net::{IpAddr, SocketAddr};
-    /// use tower_sliding_window::{ClientIp, KeyExtractor, ProxyHeader};
+    /// use tower_sliding_window::extract::ProxyHeader;
+    /// use tower_sliding_window::{ClientIp, KeyExtractor};
     ///
     /// let client_ip = ClientIp::trusting(["10.0.0.0/8".parse()?])
     ///     .header(ProxyHeader::Forwarded)
@@ -507,9 +365,16 @@ impl ClientIp {
     }
 }
 
-impl<B> KeyExtractor<http::Request<B>> for ClientIp {
+impl Keyed for ClientIp {
     type Key = IpAddr;
 
+    /// 500, as for [`PeerIp`]: the server recorded no peer address.
+    fn missing_key_status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+}
+
+impl<B> KeyExtractor<http::Request<B>> for ClientIp {
     fn extract(&self, req: &http::Request<B>) -> Option<IpAddr> {
         let peer = peer_addr(req)?;
         Some(self.key_for(peer.ip(), req.headers()))
@@ -519,6 +384,8 @@ impl<B> KeyExtractor<http::Request<B>> for ClientIp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::extract::HeaderKey;
+    use http::header::HeaderName;
     use http::HeaderValue;
     use proptest::prelude::*;
 
@@ -606,34 +473,6 @@ mod tests {
             Some(ip("198.51.100.4")),
             "ConnectInfo wins over a SocketAddr extension"
         );
-    }
-
-    #[test]
-    fn header_key_takes_visible_ascii_values_only() {
-        let key = HeaderKey::named("X-Api-Key").unwrap();
-        let get = |lines: &[&[u8]]| key.extract(&request("192.0.2.1:1", "x-api-key", lines));
-        assert_eq!(get(&[b"abc-123_XYZ~!"]), Some("abc-123_XYZ~!".to_owned()));
-        assert_eq!(get(&[]), None, "missing");
-        assert_eq!(get(&[b""]), None, "empty");
-        assert_eq!(get(&[b"a", b"b"]), None, "sent twice");
-        assert_eq!(get(&[b"a b"]), None, "space");
-        assert_eq!(get(&[b"a\tb"]), None, "tab");
-        assert_eq!(get(&[b"caf\xc3\xa9"]), None, "non-ASCII UTF-8");
-        assert_eq!(get(&[b"\xff\xfe"]), None, "non-UTF-8");
-        assert_eq!(get(&[&[b'k'; 256]]), Some("k".repeat(256)));
-        assert_eq!(get(&[&[b'k'; 257]]), None, "over 256 bytes");
-        let short = key.clone().max_len(3).unwrap();
-        let req = request("192.0.2.1:1", "x-api-key", &[b"abcd"]);
-        assert_eq!(short.extract(&req), None);
-        assert!(matches!(key.max_len(0), Err(ConfigError::ZeroMaxLen)));
-        assert!(matches!(
-            HeaderKey::named("bad header"),
-            Err(ConfigError::InvalidHeaderName { name }) if name == "bad header"
-        ));
-        assert!(matches!(
-            HeaderKey::named(""),
-            Err(ConfigError::InvalidHeaderName { .. })
-        ));
     }
 
     #[test]

@@ -24,6 +24,10 @@ mod key;
 
 pub use key::RedisKey;
 
+/// The `redis` crate this store is built on, for
+/// [`RedisStoreBuilder::client`] and [`RedisStoreBuilder::connection`].
+pub use ::redis;
+
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::policy::{Policy, Precision};
@@ -92,6 +96,7 @@ impl Every {
 /// What a [`RedisStore`] does when Redis is down, slower than the timeout, or
 /// answers with an error. There is no default: the choice is the operator's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailurePolicy {
     /// Let the request through ([`Decision::is_unchecked`]), with a rate-limited
     /// `tracing` warning and the `failed_open` counter. Availability over the limit.
@@ -103,6 +108,7 @@ pub enum FailurePolicy {
 
 /// Counters since the store was built. Reading them is a few relaxed loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct RedisStoreStats {
     /// Checks asked of the store (every `check_n` call).
     pub decisions: u64,
@@ -207,6 +213,7 @@ struct Inner {
 }
 
 /// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
+#[must_use = "a builder does nothing until `build` makes the store"]
 pub struct RedisStoreBuilder {
     policy: Policy,
     failure: FailurePolicy,
@@ -276,8 +283,8 @@ impl RedisStore {
     /// Decide at a given Redis time instead of Redis' `TIME`, bypassing the deny
     /// cache and the failure policy. For tests that compare the script with the
     /// in-memory ring decision by decision.
-    #[doc(hidden)]
-    pub async fn check_at<K: RedisKey + ?Sized>(
+    #[cfg(test)]
+    pub(crate) async fn check_at<K: RedisKey + ?Sized>(
         &self,
         key: &K,
         cost: u32,
@@ -295,8 +302,8 @@ impl RedisStore {
 
 impl RedisStore {
     /// [`Store::undo`], awaited instead of fired and forgotten (for tests).
-    #[doc(hidden)]
-    pub async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
+    #[cfg(test)]
+    pub(crate) async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
         if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
             self.inner.run_undo(user, slot, cost).await;
         }
@@ -310,6 +317,23 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &String::from_utf8_lossy(&self.inner.prefix))
             .field("timeout", &self.inner.timeout)
             .field("failure", &self.inner.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    /// The settings, without the client or connection (a URL may hold a
+    /// password).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("policy", &self.policy)
+            .field("failure", &self.failure)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("closed_retry_after", &self.closed_retry_after)
+            .field("deny_cache_capacity", &self.deny_cache_capacity)
+            .field("reconnect_max_delay", &self.reconnect_max_delay)
+            .field("connect_timeout", &self.connect_timeout)
             .finish_non_exhaustive()
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// (the global key, empty), and references, `Box`es and `Arc`s of those.
 ///
 /// ```
-/// use tower_sliding_window::RedisKey;
+/// use tower_sliding_window::redis::RedisKey;
 ///
 /// let mut out = Vec::new();
 /// "10.0.0.1".parse::<std::net::IpAddr>().unwrap().write_redis_key(&mut out);

@@ -26,14 +26,16 @@
 //! rejection after waiting (without late polls), at most one timer per waiter,
 //! no queue left behind, and nothing hangs.
 
+use crate::{
+    wait::{WaitQueues, WaitRejectReason, WaitRejected},
+    Limiter, Policy, WaitConfig,
+};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
-use tower_sliding_window::{
-    Limiter, Policy, WaitConfig, WaitQueues, WaitRejectReason, WaitRejected,
-};
 
+#[path = "../../tests/wait_model/mod.rs"]
 mod wait_model;
 use wait_model::{drive, earliest, ms_since, Action, Geo};
 
@@ -112,7 +114,7 @@ async fn run(
     buckets: u64,
     config: WaitConfig,
     requests: &[Req],
-) -> (Vec<Obs>, tower_sliding_window::WaitStats, u64) {
+) -> (Vec<Obs>, crate::wait::WaitStats, u64) {
     let start = Instant::now();
     let policy = Policy::builder()
         .limit(limit)
@@ -291,7 +293,7 @@ fn check_invariants(
     max_wait: MaxWait,
     requests: &[Req],
     obs: &[Obs],
-    stats: &tower_sliding_window::WaitStats,
+    stats: &crate::wait::WaitStats,
     waited: u64,
 ) -> Result<(), TestCaseError> {
     let paused = |r: &Req| matches!(r.action, Action::Pause(..));

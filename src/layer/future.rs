@@ -1,8 +1,8 @@
-//! The response future of [`SlidingWindow`](crate::SlidingWindow): one variant per outcome, so the reject path allocates
-//! nothing and boxes nothing.
+//! The response future of [`SlidingWindow`](crate::SlidingWindow): one variant
+//! per outcome, so the reject path allocates nothing and boxes nothing.
 
-use crate::mode::sealed::Finish;
-use crate::response::RateLimitHeaders;
+use super::rejection::sealed::Finish;
+use super::response::RateLimitHeaders;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -76,11 +76,10 @@ impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
     }
 
     /// The inner service's future, with headers to add to its response
-    /// (`headers_on_allowed`): the two boxed together, one allocation, as the
-    /// headers alone were before. Not a variant of its own: with a second
-    /// variant holding the inner future, every request paid for it, headers
-    /// or not (30 instructions more, and 8–9 ns by key in interleaved runs of
-    /// `benches/profile.rs`).
+    /// (`headers_on_allowed`, a dry run): the two boxed together, one
+    /// allocation. Not a variant of its own: a second variant holding the
+    /// inner future would make every response future larger and its poll
+    /// longer, headers or not.
     #[inline(never)]
     pub(crate) fn with_headers(future: F, headers: RateLimitHeaders) -> Self
     where
@@ -90,6 +89,25 @@ impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
         ResponseFuture::deciding(Box::pin(
             async move { M::finish(future.await, Some(headers)) },
         ))
+    }
+
+    /// Call `inner` (readied by `poll_ready`) for an allowed request, adding
+    /// `headers` (if any) to its response.
+    #[inline(always)]
+    pub(crate) fn forward<S, Req>(
+        inner: &mut S,
+        req: Req,
+        headers: Option<RateLimitHeaders>,
+    ) -> Self
+    where
+        S: tower_service::Service<Req, Future = F>,
+        F: Send + 'static,
+        M: 'static,
+    {
+        match headers {
+            None => ResponseFuture::forwarded(inner.call(req)),
+            Some(headers) => ResponseFuture::with_headers(inner.call(req), headers),
+        }
     }
 
     pub(crate) fn rejected(output: Output<F, M>) -> Self {
@@ -110,15 +128,14 @@ impl<F: Future, M: Finish<F::Output>> ResponseFuture<F, M> {
 impl<F: Future, M: Finish<F::Output>> Future for ResponseFuture<F, M> {
     type Output = Output<F, M>;
 
-    // Always: left to the compiler, it kept `poll` out of line in front of a
-    // service that answers at once (16 instructions more per request).
+    // Always: `poll` is small, and a call here in front of a service that
+    // answers at once is a good part of the layer's cost.
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             // Without headers the inner output passes through as it is: polled
-            // straight into the return value, it is not moved through `ready!`
-            // and `finish` (35 instructions fewer for an axum response, 5 ns of
-            // the layer's 40 in `benches/layer.rs`).
+            // straight into the return value, not moved through `ready!` and
+            // `finish`.
             KindProj::Forwarded { future, .. } => {
                 future.poll(cx).map(|output| M::finish(output, None))
             }
@@ -143,4 +160,12 @@ impl<F: Future, M: Finish<F::Output>> std::fmt::Debug for ResponseFuture<F, M> {
             .field("state", &state)
             .finish()
     }
+}
+
+/// The inner service `poll_ready` readied, taken out (a fresh clone takes its
+/// place): for a response future to call later (tower's contract: the readied
+/// instance is the one called), or to drop, giving back what it reserved.
+pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {
+    let fresh = inner.clone();
+    std::mem::replace(inner, fresh)
 }

@@ -1,0 +1,37 @@
+//! A guide to the crate beyond the first example: one chapter per question a
+//! team meets when it adopts the layer. The chapters hold no API of their own;
+//! their examples are compiled and run as tests.
+//!
+//! - [`naming`]: naming and storing the layer and service types (in a struct,
+//!   in axum state, behind a function), with closures, costs and stores.
+//! - [`ordering`]: where the layer goes among other middleware: `Buffer`,
+//!   `ConcurrencyLimit`, load shedding, axum's `route_layer`, error mode.
+//! - [`custom_store`]: implementing a [`Store`](crate::Store) of your own.
+//! - [`features`]: the cargo features, and what the `axum` feature reads.
+//! - [`algorithm`]: the ring of sub-window counters, and why strict mode never
+//!   admits more than the limit in any window, even under races.
+//! - [`waiting`]: how the layer holds a request back instead of rejecting it.
+
+pub mod algorithm {
+    #![doc = include_str!("algorithm.md")]
+}
+
+pub mod custom_store {
+    #![doc = include_str!("custom_store.md")]
+}
+
+pub mod features {
+    #![doc = include_str!("features.md")]
+}
+
+pub mod naming {
+    #![doc = include_str!("naming.md")]
+}
+
+pub mod ordering {
+    #![doc = include_str!("ordering.md")]
+}
+
+pub mod waiting {
+    #![doc = include_str!("waiting.md")]
+}

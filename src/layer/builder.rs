@@ -1,0 +1,938 @@
+//! Building a layer: its settings, checked once in `build`, and where its
+//! counts live.
+//!
+//! A builder starts [`Unset`]: no policy yet. [`policy`](SlidingWindowLayerBuilder::policy)
+//! (and the settings of in-memory limiters: `max_keys`, `clock`, waiting)
+//! makes it [`InMemory`]; [`store`](SlidingWindowLayerBuilder::store) makes it
+//! [`Stores`]. The two do not mix, and settings that only in-memory limiters
+//! have (a clock, a key cap, waiting) do not exist on a builder of stores: a
+//! mistake there does not compile, rather than failing when the layer is built.
+
+use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig};
+use super::response::{self, PolicyName};
+use super::shared::{
+    Hold, KeyFormatter, LayerCounters, Limit, MissingKey, OnLimit, Shared, SlidingWindowLayer,
+    MAX_POLICIES,
+};
+use super::waiting::{AsLocal, LayerQueues, LocalStore};
+use crate::clock::{AutoClock, Clock};
+use crate::error::ConfigError;
+use crate::extract::{Exemption, KeyExtractor, KeyOf, Keyed, RequestCost, WithCost, WithExemption};
+use crate::limiter::Limiter;
+use crate::policy::Policy;
+use crate::store::Store;
+use std::fmt;
+use std::sync::Arc;
+
+/// A builder with no policy yet: give it [`policy`](SlidingWindowLayerBuilder::policy)s
+/// or [`store`](SlidingWindowLayerBuilder::store)s.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct Unset;
+
+/// Builds the clock of each in-memory limiter: from its policy and whether the
+/// layer waits. `Send + Sync`, so a builder can be held across an `.await` in a
+/// spawned task (while a store connects, say).
+type ClockFactory<C> = Box<dyn Fn(&Policy, bool) -> C + Send + Sync>;
+
+/// A builder of in-memory limiters, one per [`Policy`], reading clock `C`.
+pub struct InMemory<C = AutoClock> {
+    policies: Vec<Policy>,
+    max_keys: usize,
+    clock: ClockFactory<C>,
+    hold: Hold,
+}
+
+impl<C> fmt::Debug for InMemory<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemory")
+            .field("policies", &self.policies)
+            .field("max_keys", &self.max_keys)
+            .field("clock", &std::any::type_name::<C>())
+            .field("hold", &self.hold)
+            .finish()
+    }
+}
+
+impl Default for InMemory {
+    fn default() -> Self {
+        InMemory {
+            policies: Vec::new(),
+            max_keys: Limiter::<(), AutoClock>::DEFAULT_MAX_KEYS,
+            clock: Box::new(|policy, waits| {
+                // A waiting layer sleeps on tokio timers, so its limiters read
+                // tokio's clock and a wait ends when the window allows.
+                if waits {
+                    AutoClock::tokio()
+                } else {
+                    AutoClock::for_bucket(policy.bucket_width())
+                }
+            }),
+            hold: Hold::Reject,
+        }
+    }
+}
+
+/// A builder of stores given one by one, all of type `St`.
+#[derive(Debug)]
+pub struct Stores<St> {
+    stores: Vec<St>,
+}
+
+/// The builder settings that do not change with where counts live.
+struct Settings<K> {
+    missing_key: MissingKey<K>,
+    dry_run: bool,
+    key_formatter: Option<KeyFormatter<K>>,
+    /// The key `poll_ready` reserves a unit of under backpressure: the
+    /// global key, set by `backpressure()`.
+    reserve_key: Option<K>,
+    /// Set by the HTTP rejection settings (`status()`, `grpc_status()`, the
+    /// header options, `reject_with()`), which `reject_with_errors()` has none of.
+    http_rejection: bool,
+    /// A mistake found while configuring, reported by `build()`.
+    error: Option<ConfigError>,
+}
+
+/// Builder for [`SlidingWindowLayer`]; [`build`](Self::build) validates
+/// everything.
+///
+/// `X` is the key extractor (with its cost and exemption), `S` where the
+/// counts will live ([`Unset`], [`InMemory`] limiters or given [`Stores`]),
+/// `M` how rejections are delivered.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{Request, StatusCode};
+/// use tower_sliding_window::{HeaderKey, MissingKey, Policy, SlidingWindowLayer};
+///
+/// let layer = SlidingWindowLayer::builder(HeaderKey::named("x-api-key")?)
+///     .policy(Policy::builder().name("burst").limit(10).window(Duration::from_secs(1)).build()?)
+///     .policy(Policy::builder().name("hourly").limit(1000).window(Duration::from_secs(3600)).build()?)
+///     .missing_key(MissingKey::Fallback("anonymous".to_owned()))
+///     .cost(|req: &Request<()>| if req.method() == "POST" { 5 } else { 1 })
+///     .status(StatusCode::SERVICE_UNAVAILABLE)
+///     .legacy_headers(true)
+///     .build()?;
+/// assert_eq!(layer.stores().len(), 2);
+/// # Ok::<(), tower_sliding_window::ConfigError>(())
+/// ```
+#[must_use = "a builder does nothing until `build` makes the layer"]
+pub struct SlidingWindowLayerBuilder<X: Keyed, S = Unset, M = HttpRejection> {
+    extractor: X,
+    stores: S,
+    mode: M,
+    settings: Settings<KeyOf<X>>,
+}
+
+impl<X: Keyed, S: fmt::Debug, M: fmt::Debug> fmt::Debug for SlidingWindowLayerBuilder<X, S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlidingWindowLayerBuilder")
+            .field("stores", &self.stores)
+            .field("mode", &self.mode)
+            .field("dry_run", &self.settings.dry_run)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<X: Keyed> SlidingWindowLayer<X> {
+    /// One in-memory policy per key from `extractor`, answering over-limit
+    /// HTTP requests with 429 (gRPC: RESOURCE_EXHAUSTED) and rate-limit headers.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_sliding_window::{HeaderKey, Policy, SlidingWindowLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = SlidingWindowLayer::new(
+    ///     Policy::per(1, Duration::from_secs(60))?,
+    ///     HeaderKey::named("x-user")?,
+    /// )?;
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+    ///
+    /// let req = || Request::builder().header("x-user", "ada").body(String::new()).unwrap();
+    /// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
+    /// let limited = svc.clone().oneshot(req()).await?;
+    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// // Whole seconds, rounded up: at most a window plus one bucket (60 s / 15).
+    /// assert_eq!(limited.headers()["retry-after"], "64");
+    /// # Ok(()) }
+    /// ```
+    pub fn new(policy: Policy, extractor: X) -> Result<Self, ConfigError> {
+        SlidingWindowLayer::builder(extractor)
+            .policy(policy)
+            .build()
+    }
+
+    /// Start configuring a layer that keys requests with `extractor`.
+    pub fn builder(extractor: X) -> SlidingWindowLayerBuilder<X> {
+        SlidingWindowLayerBuilder {
+            extractor,
+            stores: Unset,
+            mode: HttpRejection::default(),
+            settings: Settings {
+                missing_key: MissingKey::Reject,
+                dry_run: false,
+                key_formatter: None,
+                reserve_key: None,
+                http_rejection: false,
+                error: None,
+            },
+        }
+    }
+}
+
+impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
+    /// The same settings, with counts living in `stores`.
+    fn with_stores<S2>(self, stores: S2) -> SlidingWindowLayerBuilder<X, S2, M> {
+        SlidingWindowLayerBuilder {
+            extractor: self.extractor,
+            stores,
+            mode: self.mode,
+            settings: self.settings,
+        }
+    }
+
+    /// What a request without a key gets (default [`MissingKey::Reject`]).
+    pub fn missing_key(mut self, missing_key: MissingKey<KeyOf<X>>) -> Self {
+        self.settings.missing_key = missing_key;
+        self
+    }
+
+    /// Decide, count and set headers, but never reject: would-be rejections are
+    /// forwarded, logged at INFO and counted in
+    /// [`LayerStats::dry_run_rejections`](crate::layer::LayerStats::dry_run_rejections).
+    /// For rolling out a new limit safely. A request one policy would deny
+    /// consumes nothing from the others, exactly as when enforcing; nothing
+    /// waits.
+    ///
+    /// In HTTP mode every forwarded response that was decided carries the
+    /// rate-limit headers (as with [`headers_on_allowed(true)`](Self::headers_on_allowed)):
+    /// a would-be rejection shows the remaining units that its cost did not fit
+    /// (`r=0` with unit costs) and its `t`. A request whose store could not
+    /// answer has no decision to report: it is forwarded without them, and
+    /// counted in `store_errors` as it would be when enforcing. A request
+    /// without a key is forwarded too, whatever [`MissingKey`] says (and
+    /// counted in `key_missing`), so a misconfigured extractor shows in the
+    /// stats and logs before it blocks anyone.
+    pub fn dry_run(mut self, dry_run: bool) -> Self {
+        self.settings.dry_run = dry_run;
+        self
+    }
+
+    /// Log keys in rejection events, formatted with `Debug`. Off by default: keys
+    /// are often personal data (IP addresses, API keys).
+    pub fn log_keys(self) -> Self
+    where
+        KeyOf<X>: fmt::Debug,
+    {
+        self.log_keys_with(|key: &KeyOf<X>, f: &mut fmt::Formatter<'_>| fmt::Debug::fmt(key, f))
+    }
+
+    /// Log keys in rejection events, formatted by `format` (hash or truncate them,
+    /// say). Off by default.
+    pub fn log_keys_with<F>(mut self, format: F) -> Self
+    where
+        F: Fn(&KeyOf<X>, &mut fmt::Formatter<'_>) -> fmt::Result + Send + Sync + 'static,
+    {
+        self.settings.key_formatter = Some(Arc::new(format));
+        self
+    }
+
+    /// The units a request costs (default 1 per request): a closure
+    /// `Fn(&Req) -> u32`, boxed or shared in an `Arc`, or a [`RequestCost`].
+    /// It wraps the extractor ([`WithCost`]), so the layer's type still has
+    /// one extractor parameter.
+    pub fn cost<Req, C>(self, cost: C) -> SlidingWindowLayerBuilder<WithCost<X, C>, S, M>
+    where
+        X: KeyExtractor<Req>,
+        C: RequestCost<Req>,
+    {
+        SlidingWindowLayerBuilder {
+            extractor: WithCost::new(self.extractor, cost),
+            stores: self.stores,
+            mode: self.mode,
+            settings: self.settings,
+        }
+    }
+
+    /// Requests for which `exempt` is true bypass the limit (not counted, no
+    /// headers): health checks, an allowlist of internal callers. A closure
+    /// `Fn(&Req) -> bool`, boxed or shared in an `Arc`, or an [`Exemption`];
+    /// it wraps the extractor ([`WithExemption`]). Under
+    /// [backpressure](Self::backpressure) they still wait in `poll_ready`,
+    /// which cannot see the request.
+    pub fn exempt<Req, E>(self, exempt: E) -> SlidingWindowLayerBuilder<WithExemption<X, E>, S, M>
+    where
+        X: KeyExtractor<Req>,
+        E: Exemption<Req>,
+    {
+        SlidingWindowLayerBuilder {
+            extractor: WithExemption::new(self.extractor, exempt),
+            stores: self.stores,
+            mode: self.mode,
+            settings: self.settings,
+        }
+    }
+
+    /// Reject with error values instead of HTTP responses: for request types that
+    /// are not `http::Request`. The service's error becomes
+    /// [`BoxError`](tower::BoxError), holding a [`RateLimited`](crate::RateLimited),
+    /// a [`KeyMissing`](crate::layer::KeyMissing) or a [`StoreError`](crate::StoreError).
+    /// The HTTP rejection settings ([`status`](Self::status),
+    /// [`grpc_status`](Self::grpc_status), the header options,
+    /// [`reject_with`](Self::reject_with)) have no meaning then: set before it,
+    /// they are a [`ConfigError::HttpSettingsIgnored`] from `build`.
+    pub fn reject_with_errors(mut self) -> SlidingWindowLayerBuilder<X, S, ErrorRejection> {
+        if self.settings.http_rejection {
+            self.settings
+                .error
+                .get_or_insert(ConfigError::HttpSettingsIgnored);
+        }
+        SlidingWindowLayerBuilder {
+            extractor: self.extractor,
+            stores: self.stores,
+            mode: ErrorRejection,
+            settings: self.settings,
+        }
+    }
+
+    /// Everything `build` checks beside the stores, and the layer around them.
+    fn finish<St>(
+        self,
+        stores: Vec<St>,
+        hold: Hold,
+        local: Option<AsLocal<St, KeyOf<X>>>,
+    ) -> Result<SlidingWindowLayer<X, St, M>, ConfigError>
+    where
+        St: Store<KeyOf<X>>,
+        M: ModeConfig,
+    {
+        let SlidingWindowLayerBuilder {
+            extractor,
+            mut mode,
+            settings,
+            ..
+        } = self;
+        if let Some(error) = settings.error {
+            return Err(error);
+        }
+        mode.validate()?;
+        if settings.dry_run {
+            mode.headers_on_every_response();
+        }
+        if stores.is_empty() {
+            return Err(ConfigError::NoPolicy);
+        }
+        if stores.len() > MAX_POLICIES {
+            return Err(ConfigError::TooManyPolicies {
+                count: stores.len(),
+                max: MAX_POLICIES,
+            });
+        }
+        let mut limits: Vec<Limit<St>> = Vec::with_capacity(stores.len());
+        for store in stores {
+            let name = store.policy().name();
+            if !response::is_valid_policy_name(name) {
+                return Err(ConfigError::InvalidPolicyName {
+                    name: name.to_owned(),
+                });
+            }
+            if limits.iter().any(|l| &*l.name == name) {
+                return Err(ConfigError::DuplicatePolicyName {
+                    name: name.to_owned(),
+                });
+            }
+            limits.push(Limit {
+                name: PolicyName::from(name),
+                quoted_name: response::quoted(name).into_boxed_str(),
+                store,
+            });
+        }
+        let policy_header = response::policy_header(limits.iter().map(|l| l.store.policy()));
+        let reserve_key = settings
+            .reserve_key
+            .filter(|_| hold == Hold::Backpressure && !settings.dry_run);
+        Ok(SlidingWindowLayer {
+            shared: Arc::new(Shared {
+                missing_key_status: mode
+                    .missing_key_status()
+                    .unwrap_or_else(|| extractor.missing_key_status()),
+                extractor,
+                limits: limits.into_boxed_slice(),
+                policy_header,
+                mode,
+                missing_key: settings.missing_key,
+                hold,
+                dry_run: settings.dry_run,
+                key_formatter: settings.key_formatter,
+                counters: LayerCounters::default(),
+                wait: LayerQueues::new(hold.wait_config()),
+                local,
+                reserve_key,
+            }),
+        })
+    }
+}
+
+/// Where counts live is not chosen yet.
+impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
+    /// Add a policy, enforced by an in-memory [`Limiter`]: the builder becomes one of
+    /// [`InMemory`] limiters, where `policy` is documented.
+    pub fn policy(self, policy: Policy) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+        self.with_stores(InMemory::default()).policy(policy)
+    }
+
+    /// Add several policies at once (a list read from configuration, say);
+    /// the builder becomes one of [`InMemory`] limiters, where `policies` is
+    /// documented.
+    pub fn policies(
+        self,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+        self.with_stores(InMemory::default()).policies(policies)
+    }
+
+    /// The most keys each in-memory limiter tracks: the builder becomes one of
+    /// [`InMemory`] limiters, where `max_keys` is documented.
+    pub fn max_keys(self, max_keys: usize) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+        self.with_stores(InMemory::default()).max_keys(max_keys)
+    }
+
+    /// The clock of the in-memory limiters: the builder becomes one of
+    /// [`InMemory`] limiters, where `clock` is documented.
+    pub fn clock<C: Clock + Clone>(self, clock: C) -> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
+        self.with_stores(InMemory::default()).clock(clock)
+    }
+
+    /// What happens to a request over the limit: the builder becomes one of
+    /// [`InMemory`] limiters, where `on_limit` is documented.
+    pub fn on_limit(self, on_limit: OnLimit) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+        self.with_stores(InMemory::default()).on_limit(on_limit)
+    }
+
+    /// Hold back `poll_ready` for a global limit: the builder becomes one of
+    /// [`InMemory`] limiters, where `backpressure` is documented.
+    pub fn backpressure(self) -> SlidingWindowLayerBuilder<X, InMemory, M>
+    where
+        X: Keyed<Key = ()>,
+    {
+        self.with_stores(InMemory::default()).backpressure()
+    }
+
+    /// Decide with `store` for one more policy (its own [`Store::policy`]),
+    /// such as a Redis store shared by a fleet. Every store of a layer has one
+    /// type; stores do not mix with [`policy`](Self::policy), and the
+    /// settings of in-memory limiters (a clock, a key cap, waiting) do not
+    /// apply to them: each store keeps its own.
+    pub fn store<St: Store<KeyOf<X>>>(
+        self,
+        store: St,
+    ) -> SlidingWindowLayerBuilder<X, Stores<St>, M> {
+        self.with_stores(Stores {
+            stores: vec![store],
+        })
+    }
+}
+
+/// In-memory limiters, one per policy.
+impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
+    /// Add a policy, enforced by an in-memory [`Limiter`] created in
+    /// [`build`](Self::build). Several policies are decided all-or-nothing.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.stores.policies.push(policy);
+        self
+    }
+
+    /// Add several policies at once, as [`policy`](Self::policy) does one by
+    /// one: a builder's type changes with its first policy, so a list built
+    /// at run time goes in here rather than through a loop of `policy`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
+    ///
+    /// let limits = [(10, 1), (100, 60), (1000, 3600)];
+    /// let policies = limits.iter().map(|&(limit, secs)| {
+    ///     Policy::builder()
+    ///         .name(format!("{limit}/{secs}s"))
+    ///         .limit(limit)
+    ///         .window(Duration::from_secs(secs))
+    ///         .build()
+    /// });
+    /// let layer = SlidingWindowLayer::builder(GlobalKey)
+    ///     .policies(policies.collect::<Result<Vec<_>, _>>()?)
+    ///     .build()?;
+    /// assert_eq!(layer.stores().len(), 3);
+    /// # Ok::<(), tower_sliding_window::ConfigError>(())
+    /// ```
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        self.stores.policies.extend(policies);
+        self
+    }
+
+    /// The most keys each in-memory limiter tracks (default
+    /// [`Limiter::DEFAULT_MAX_KEYS`]; see [`Limiter`] for what happens at the cap).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.stores.max_keys = max_keys;
+        self
+    }
+
+    /// The clock of the in-memory limiters. The default is an [`AutoClock`] per
+    /// policy: tokio's clock when the layer is built in a paused runtime (tests
+    /// drive it with `tokio::time::advance`) or when it waits
+    /// ([`OnLimit::Wait`], [backpressure](Self::backpressure): its waits are
+    /// tokio timers); otherwise the cheapest monotonic clock fine enough for
+    /// the policy's bucket.
+    pub fn clock<C2: Clock + Clone>(
+        self,
+        clock: C2,
+    ) -> SlidingWindowLayerBuilder<X, InMemory<C2>, M> {
+        let InMemory {
+            policies,
+            max_keys,
+            hold,
+            ..
+        } = self.stores;
+        let stores = InMemory {
+            policies,
+            max_keys,
+            clock: Box::new(move |_: &Policy, _| clock.clone()),
+            hold,
+        };
+        SlidingWindowLayerBuilder {
+            extractor: self.extractor,
+            stores,
+            mode: self.mode,
+            settings: self.settings,
+        }
+    }
+
+    /// What happens to a request over the limit (default [`OnLimit::Reject`]).
+    pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
+        self.stores.hold = match on_limit {
+            OnLimit::Reject => Hold::Reject,
+            OnLimit::Wait(config) => Hold::Wait(config),
+        };
+        self
+    }
+
+    /// For a global limit ([`GlobalKey`](crate::GlobalKey)): `poll_ready`
+    /// returns `Pending` while the window is full and reserves a unit when
+    /// ready, which the next `call` spends (a clone, or a service dropped
+    /// without calling, gives it back). Every clone waiting on the limit is
+    /// served in turn. A unit reserved while the inner service was not ready
+    /// yet, and whose bucket passed before it was (a saturated
+    /// `ConcurrencyLimit` below), is renewed before `poll_ready` returns
+    /// `Ready`: at once, or by waiting at the front of the queue, ahead of the
+    /// clones that asked after it. A `call` without a reservation (no
+    /// `poll_ready`, or a request costing more than one unit) waits for its
+    /// turn in its response future instead, as with [`OnLimit::Wait`] unbounded.
+    /// `poll_ready` cannot see the request, so an [exempt](Self::exempt)
+    /// request too waits there for a unit; its `call` gives the unit back
+    /// unused.
+    ///
+    /// Only a global limit can hold back `poll_ready`, which sees no request
+    /// and so no key: for a keyed limit, use [`OnLimit::Wait`]. Clones wait in
+    /// one queue, in turn, and the one at its head keeps the queue's timer: a
+    /// clone whose `poll_ready` returned `Pending` must be polled again or
+    /// dropped. One kept but no longer polled (say `timeout(d, svc.ready())`
+    /// that expired, with `svc` kept for later) holds the head, and the clones
+    /// behind it wait until it is polled or dropped.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
+    ///
+    /// let layer = SlidingWindowLayer::builder(GlobalKey)
+    ///     .policy(Policy::per(100, Duration::from_secs(1))?)
+    ///     .backpressure()
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_sliding_window::ConfigError>(())
+    /// ```
+    pub fn backpressure(mut self) -> Self
+    where
+        X: Keyed<Key = ()>,
+    {
+        self.stores.hold = Hold::Backpressure;
+        self.settings.reserve_key = Some(());
+        self
+    }
+
+    /// Validate the configuration and create the limiters.
+    ///
+    /// Errors: no policy, more than [`MAX_POLICIES`], a policy name that is
+    /// not printable ASCII or is used twice, a rejection status that is not
+    /// 4xx/5xx, a gRPC code outside 1..=16, HTTP rejection settings followed
+    /// by [`reject_with_errors`](Self::reject_with_errors), and any limiter
+    /// configuration error (`max_keys` 0, a bucket below the clock's resolution).
+    #[allow(clippy::type_complexity)] // the layer type, spelled out for the reader
+    pub fn build(self) -> Result<SlidingWindowLayer<X, Limiter<KeyOf<X>, C>, M>, ConfigError>
+    where
+        C: Clock,
+        M: ModeConfig,
+    {
+        let waits = !self.settings.dry_run && self.stores.hold != Hold::Reject;
+        let limiters = self
+            .stores
+            .policies
+            .iter()
+            .map(|policy| {
+                Limiter::builder(policy.clone())
+                    .clock((self.stores.clock)(policy, waits))
+                    .max_keys(self.stores.max_keys)
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let hold = self.stores.hold;
+        self.finish(limiters, hold, Some(as_local::<KeyOf<X>, C>))
+    }
+}
+
+/// The in-memory limiter as the waiting modes reach it.
+fn as_local<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static, C: Clock>(
+    limiter: &Limiter<K, C>,
+) -> &dyn LocalStore<K> {
+    limiter
+}
+
+/// Stores given one by one.
+impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, Stores<St>, M> {
+    /// Decide with `store` for one more policy; every store of a layer has
+    /// one type.
+    pub fn store(mut self, store: St) -> Self {
+        self.stores.stores.push(store);
+        self
+    }
+
+    /// Decide with each of `stores` for one more policy.
+    pub fn stores(mut self, stores: impl IntoIterator<Item = St>) -> Self {
+        self.stores.stores.extend(stores);
+        self
+    }
+
+    /// Validate the configuration and take the stores.
+    ///
+    /// Errors: more than [`MAX_POLICIES`], a policy name that is not
+    /// printable ASCII or is used twice, a rejection status that is not
+    /// 4xx/5xx, a gRPC code outside 1..=16, and HTTP rejection settings
+    /// followed by [`reject_with_errors`](Self::reject_with_errors).
+    pub fn build(self) -> Result<SlidingWindowLayer<X, St, M>, ConfigError>
+    where
+        M: ModeConfig,
+    {
+        let SlidingWindowLayerBuilder {
+            extractor,
+            stores,
+            mode,
+            settings,
+        } = self;
+        let builder = SlidingWindowLayerBuilder {
+            extractor,
+            stores: Unset,
+            mode,
+            settings,
+        };
+        builder.finish(stores.stores, Hold::Reject, None)
+    }
+}
+
+#[cfg(test)]
+impl<X: Keyed, St: Store<KeyOf<X>>, M: ModeConfig> SlidingWindowLayerBuilder<X, Stores<St>, M> {
+    /// A layer of these stores that waits, as only in-memory limiters can:
+    /// for tests whose stores wrap a limiter (`local` reaches it).
+    pub(crate) fn build_waiting(
+        self,
+        config: crate::wait::WaitConfig,
+        local: AsLocal<St, KeyOf<X>>,
+    ) -> Result<SlidingWindowLayer<X, St, M>, ConfigError> {
+        let SlidingWindowLayerBuilder {
+            extractor,
+            stores,
+            mode,
+            settings,
+        } = self;
+        let builder = SlidingWindowLayerBuilder {
+            extractor,
+            stores: Unset,
+            mode,
+            settings,
+        };
+        builder.finish(stores.stores, Hold::Wait(config), Some(local))
+    }
+}
+
+/// HTTP responses.
+impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
+    /// The status of a rate-limited plain HTTP response (default 429; some
+    /// stacks use 503). Must be 4xx or 5xx. Also the status of a
+    /// [`reject_with`](Self::reject_with) response that sets none of its own.
+    pub fn status(mut self, status: http::StatusCode) -> Self {
+        self.mode.options.status = status;
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// The status of a request without a key under [`MissingKey::Reject`]
+    /// (default: the extractor's
+    /// [`missing_key_status`](crate::extract::Keyed::missing_key_status), 400,
+    /// or 500 for the address extractors). Must be 4xx or 5xx. A gRPC request
+    /// gets the code this status stands for (see [`HttpRejection`]).
+    pub fn missing_key_status(mut self, status: http::StatusCode) -> Self {
+        self.mode.options.missing_key_status = Some(status);
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// The gRPC status code for a rate-limited gRPC request (default 8,
+    /// RESOURCE_EXHAUSTED). Must be 1..=16.
+    pub fn grpc_status(mut self, code: u8) -> Self {
+        self.mode.options.grpc_status = code;
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// Send `grpc-retry-pushback-ms` on gRPC rejections (default on; `-1`,
+    /// "do not retry", when the cost exceeds the limit).
+    pub fn grpc_retry_pushback(mut self, on: bool) -> Self {
+        self.mode.options.grpc_retry_pushback = on;
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields (default on).
+    pub fn ietf_headers(mut self, on: bool) -> Self {
+        self.mode.options.ietf = on;
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// `Retry-After` on rejections (default on).
+    pub fn retry_after_header(mut self, on: bool) -> Self {
+        self.mode.options.retry_after = on;
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// Legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` (default off).
+    /// `X-RateLimit-Reset` is the number of seconds until the window drains,
+    /// rounded up, not an epoch timestamp.
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.mode.options.legacy = on;
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// Rate-limit headers on allowed responses too (default off). They let a
+    /// client pace itself before it meets a 429, at the cost of two header
+    /// lines on every response and an allocation per allowed request.
+    pub fn headers_on_allowed(mut self, on: bool) -> Self {
+        self.mode.options.on_allowed = on;
+        self.settings.http_rejection = true;
+        self
+    }
+
+    /// Build the response for a rate-limited (non-gRPC) request yourself, say
+    /// with a JSON body: any `Fn(&RateLimited) -> http::Response<B>`, boxed or
+    /// shared in an `Arc`, or a [`RejectResponse`](super::RejectResponse). The configured rate-limit
+    /// headers are added afterwards unless the response already has them. The
+    /// hook's status is kept unless it is a success (`Response::new` leaves
+    /// 200) or a 1xx (never a final response): a rejection then gets the
+    /// layer's [`status`](Self::status), 429 by default. gRPC requests keep the
+    /// gRPC rejection. The hook returns the inner service's response type: in
+    /// axum, an `axum::response::Response`, say
+    /// `(StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response()` (the
+    /// example below serves a `String` body). The response body must still
+    /// implement `Default`: the answers to a missing key, a store that is down
+    /// and gRPC requests are built with an empty body (with a body type that
+    /// has no default, such as `Either`, map the inner service's body to a
+    /// boxed one first).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{GlobalKey, Policy, RateLimited, SlidingWindowLayer};
+    ///
+    /// let layer = SlidingWindowLayer::builder(GlobalKey)
+    ///     .policy(Policy::per(5, Duration::from_secs(1))?)
+    ///     .reject_with(|limited: &RateLimited| {
+    ///         http::Response::builder()
+    ///             .status(429)
+    ///             .header("content-type", "application/json")
+    ///             .body(format!(r#"{{"error":"slow down","policy":"{}"}}"#, limited.policy_name()))
+    ///             .unwrap()
+    ///     })
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_sliding_window::ConfigError>(())
+    /// ```
+    pub fn reject_with<F>(
+        mut self,
+        hook: F,
+    ) -> SlidingWindowLayerBuilder<X, S, HttpRejection<CustomResponse<F>>>
+    where
+        F: Send + Sync + 'static,
+    {
+        self.settings.http_rejection = true;
+        SlidingWindowLayerBuilder {
+            extractor: self.extractor,
+            stores: self.stores,
+            mode: HttpRejection {
+                options: self.mode.options,
+                response: CustomResponse(hook),
+            },
+            settings: self.settings,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extract::key_fn;
+    use std::time::Duration;
+
+    fn per_second(n: u32) -> Policy {
+        Policy::per(n, Duration::from_secs(1)).unwrap()
+    }
+
+    type Req = http::Request<()>;
+
+    fn key(_: &Req) -> Option<u8> {
+        Some(1)
+    }
+
+    #[test]
+    fn build_rejects_invalid_configuration_with_errors() {
+        let bad_status = SlidingWindowLayer::builder(key_fn(key))
+            .policy(per_second(1))
+            .status(http::StatusCode::OK)
+            .build();
+        assert!(matches!(bad_status, Err(ConfigError::InvalidStatus { .. })));
+
+        let bad_missing = SlidingWindowLayer::builder(key_fn(key))
+            .policy(per_second(1))
+            .missing_key_status(http::StatusCode::NO_CONTENT)
+            .build();
+        assert!(matches!(
+            bad_missing,
+            Err(ConfigError::InvalidStatus { .. })
+        ));
+
+        let bad_code = SlidingWindowLayer::builder(key_fn(key))
+            .policy(per_second(1))
+            .grpc_status(0)
+            .build();
+        assert!(matches!(
+            bad_code,
+            Err(ConfigError::InvalidGrpcCode { code: 0 })
+        ));
+
+        let twice = SlidingWindowLayer::builder(key_fn(key))
+            .policy(per_second(1))
+            .policy(per_second(2))
+            .build();
+        assert!(matches!(
+            twice,
+            Err(ConfigError::DuplicatePolicyName { .. })
+        ));
+
+        let bad_name = SlidingWindowLayer::builder(key_fn(key))
+            .policy(
+                Policy::builder()
+                    .name("ünïcode")
+                    .limit(1)
+                    .window(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            )
+            .build();
+        assert!(matches!(
+            bad_name,
+            Err(ConfigError::InvalidPolicyName { .. })
+        ));
+
+        let too_many = (0..=MAX_POLICIES).fold(
+            SlidingWindowLayer::builder(key_fn(key)).max_keys(10),
+            |b, i| {
+                b.policy(
+                    Policy::builder()
+                        .name(format!("p{i}"))
+                        .limit(1)
+                        .window(Duration::from_secs(1))
+                        .build()
+                        .unwrap(),
+                )
+            },
+        );
+        assert!(matches!(
+            too_many.build(),
+            Err(ConfigError::TooManyPolicies { count: 9, max: 8 })
+        ));
+
+        // Settings of in-memory limiters before any policy: still no policy.
+        let no_policy = SlidingWindowLayer::builder(key_fn(key))
+            .max_keys(10)
+            .build();
+        assert!(matches!(no_policy, Err(ConfigError::NoPolicy)));
+
+        let zero_keys = SlidingWindowLayer::builder(key_fn(key))
+            .policy(per_second(1))
+            .max_keys(0)
+            .build();
+        assert!(matches!(zero_keys, Err(ConfigError::ZeroMaxKeys)));
+    }
+
+    #[test]
+    fn clones_share_one_set_of_limiters() {
+        let layer = SlidingWindowLayer::new(per_second(5), key_fn(key)).unwrap();
+        let clone = layer.clone();
+        assert!(Arc::ptr_eq(&layer.shared, &clone.shared));
+        let a: *const Limiter<u8, AutoClock> = layer.stores().next().unwrap();
+        let b: *const Limiter<u8, AutoClock> = clone.stores().next().unwrap();
+        assert_eq!(a, b);
+    }
+
+    fn source<X: Keyed<Key = u8>>(layer: &SlidingWindowLayer<X>) -> crate::clock::TimeSource {
+        layer.stores().next().unwrap().clock().source()
+    }
+
+    #[tokio::test]
+    async fn rejecting_layers_read_the_cheap_clock_and_waiting_ones_tokio_time() {
+        let rejecting = SlidingWindowLayer::new(per_second(5), key_fn(key)).unwrap();
+        assert_ne!(source(&rejecting), crate::clock::TimeSource::Tokio);
+
+        let waiting = SlidingWindowLayer::builder(key_fn(key))
+            .policy(per_second(5))
+            .on_limit(OnLimit::Wait(
+                crate::wait::WaitConfig::bounded(Duration::from_secs(1), 4).unwrap(),
+            ))
+            .build()
+            .unwrap();
+        assert_eq!(source(&waiting), crate::clock::TimeSource::Tokio);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn layers_built_on_paused_time_follow_it() {
+        let rejecting = SlidingWindowLayer::new(per_second(5), key_fn(key)).unwrap();
+        assert_eq!(source(&rejecting), crate::clock::TimeSource::Tokio);
+    }
+
+    #[test]
+    fn a_missing_key_gets_the_extractors_status_unless_the_layer_sets_one() {
+        let status = |layer: &SlidingWindowLayer<crate::PeerIp>| layer.shared.missing_key_status;
+        let by_default = SlidingWindowLayer::new(per_second(1), crate::PeerIp::new()).unwrap();
+        assert_eq!(status(&by_default), http::StatusCode::INTERNAL_SERVER_ERROR);
+        let set = SlidingWindowLayer::builder(crate::PeerIp::new())
+            .policy(per_second(1))
+            .missing_key_status(http::StatusCode::FORBIDDEN)
+            .build()
+            .unwrap();
+        assert_eq!(status(&set), http::StatusCode::FORBIDDEN);
+    }
+}

@@ -1,0 +1,43 @@
+//! The tower layer: [`SlidingWindowLayer`], the [`SlidingWindow`] service it
+//! makes, and how they answer a request over the limit.
+//!
+//! The common types are re-exported at the crate root; this module also holds
+//! the rejection modes ([`HttpRejection`], [`ErrorRejection`]), the error
+//! values of error mode ([`RateLimited`], [`KeyMissing`]), the response future
+//! and the builder's states.
+//!
+//! Inside, each file has one concern and depends only on those listed before
+//! it: `response` (header values and responses), `rejection` (how a rejection
+//! reaches the caller), `shared` (the layer and its shared state), `decide`
+//! (one request's all-or-nothing decision), `future`, `waiting` (the waiting
+//! modes), `service`, `builder`.
+
+mod response;
+
+mod rejection;
+
+mod shared;
+
+mod decide;
+
+mod future;
+
+pub(crate) mod waiting;
+
+mod service;
+
+pub mod builder;
+
+pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, Unset};
+pub use self::future::ResponseFuture;
+pub use self::rejection::{
+    CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ModeConfig,
+    RateLimited, RejectResponse, RejectionMode,
+};
+pub use self::service::SlidingWindow;
+pub use self::shared::{LayerStats, MissingKey, OnLimit, SlidingWindowLayer, MAX_POLICIES};
+
+/// A layer whose policies live in Redis, shared by a fleet (feature `redis`).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub type RedisLayer<X, M = HttpRejection> = SlidingWindowLayer<X, crate::redis::RedisStore, M>;

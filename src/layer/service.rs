@@ -1,0 +1,329 @@
+//! The service: key the request, decide with every policy, forward or reject.
+//!
+//! One request goes: exemption → key (or the `MissingKey` outcome) → cost →
+//! every store's `check_now` → [`decide`] (all-or-nothing, picks the policy to
+//! report) → [`act`] (forward with headers, or reject). A store that cannot
+//! answer at once moves the rest into the response future (`decide_later`);
+//! everything after the answers is the same code.
+//!
+//! The waiting modes branch off after the cost into [`super::waiting`]: the
+//! request joins its key's queue (which decides over the same stores, the same
+//! way) and is forwarded, rejected through [`act`], or waits in the response
+//! future. Backpressure also holds `poll_ready` until a unit is reserved.
+
+use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers};
+use super::future::{take_readied, ResponseFuture};
+use super::rejection::{Rejection, RejectionMode};
+use super::shared::{MissingKey, Shared, SlidingWindowLayer};
+use super::waiting::{self, BoxedReady};
+use crate::extract::{KeyExtractor, KeyOf, Keyed};
+use crate::limiter::Limiter;
+use crate::stats::bump;
+use crate::store::Store;
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::rejection::HttpRejection;
+
+/// A service rate-limited by a [`SlidingWindowLayer`].
+///
+/// `poll_ready` is the inner service's (with
+/// [backpressure](crate::SlidingWindowLayerBuilder::backpressure), it is first
+/// `Pending` until a unit is reserved for the next `call`), as tower's own
+/// middleware does: backpressure from below reaches the caller. The limit is
+/// decided in `call`, so a request is never counted while it waits for the
+/// inner service; but while the inner service is not ready (a saturated
+/// `ConcurrencyLimit` below), a request over the limit waits there for its
+/// answer too. `call` never panics, even when `poll_ready` was skipped.
+///
+/// With the in-memory [`Limiter`] (or any store that answers through
+/// [`Store::check_now`]) the decision is made inside `call`: an allowed request
+/// goes straight to the inner service, a rejected one gets a ready response,
+/// and nothing is allocated or boxed on either path (but with
+/// [`headers_on_allowed`](crate::SlidingWindowLayerBuilder::headers_on_allowed),
+/// where an allowed request's future is boxed with its headers). A store that
+/// answers later is awaited in the response future; the inner service readied
+/// by `poll_ready` moves into that future and a clone takes its place, which is
+/// why the inner service must be `Clone` (axum, hyper and tonic services are;
+/// wrap others in tower's `Buffer`). For one tonic service among several, wrap
+/// it with `tonic::service::LayerExt::named_layer`, which keeps its name.
+pub struct SlidingWindow<S, X: Keyed, St = Limiter<KeyOf<X>>, M = HttpRejection> {
+    inner: S,
+    layer: SlidingWindowLayer<X, St, M>,
+    /// Backpressure: the unit `poll_ready` reserved for `call`.
+    ready: Option<BoxedReady<X, St, M>>,
+}
+
+impl<S, X: Keyed, St, M> SlidingWindow<S, X, St, M> {
+    /// Wrap `inner`, sharing `layer`'s limiters.
+    pub fn new(inner: S, layer: SlidingWindowLayer<X, St, M>) -> Self {
+        SlidingWindow {
+            inner,
+            layer,
+            ready: None,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwrap the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The layer this service shares its limiters with (to read their stats).
+    pub fn layer(&self) -> &SlidingWindowLayer<X, St, M> {
+        &self.layer
+    }
+}
+
+impl<S: Clone, X: Keyed, St, M> Clone for SlidingWindow<S, X, St, M> {
+    fn clone(&self) -> Self {
+        SlidingWindow {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+            // A clone starts without a reservation.
+            ready: None,
+        }
+    }
+}
+
+impl<S: fmt::Debug, X: Keyed, St, M> fmt::Debug for SlidingWindow<S, X, St, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlidingWindow")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .field(
+                "reserved",
+                &self.ready.as_ref().is_some_and(|r| r.is_reserved()),
+            )
+            .finish()
+    }
+}
+
+impl<S, X: Keyed, St, M> Layer<S> for SlidingWindowLayer<X, St, M> {
+    type Service = SlidingWindow<S, X, St, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SlidingWindow::new(inner, self.clone())
+    }
+}
+
+impl<S, X, St, M> SlidingWindow<S, X, St, M>
+where
+    X: Keyed + Send + Sync + 'static,
+    St: Store<KeyOf<X>>,
+    M: Send + Sync + 'static,
+{
+    /// Backpressure: ready once a unit is reserved for the next call and the
+    /// inner service is ready. A unit reserved in a bucket that passed before
+    /// the inner service was ready is renewed first, ahead of the waiters
+    /// behind it (it was reserved before them), so that `call` spends a
+    /// current one; the renewal may wait, keeping the inner service's
+    /// readiness (a `ConcurrencyLimit` permit, say).
+    #[inline(never)]
+    fn poll_ready_reserving<Req, E>(
+        &mut self,
+        cx: &mut Context<'_>,
+        map_error: fn(S::Error) -> E,
+    ) -> Poll<Result<(), E>>
+    where
+        S: Service<Req>,
+    {
+        loop {
+            if waiting::poll_reserve(&self.layer.shared, &mut self.ready, cx).is_pending() {
+                return Poll::Pending;
+            }
+            if let Err(error) = std::task::ready!(self.inner.poll_ready(cx)) {
+                return Poll::Ready(Err(map_error(error)));
+            }
+            if !waiting::renew_stale(&mut self.ready) {
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
+impl<S, Req, X, St, M> Service<Req> for SlidingWindow<S, X, St, M>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    Req: Send + 'static,
+    X: KeyExtractor<Req>,
+    St: Store<KeyOf<X>>,
+    M: RejectionMode<Req, S>,
+{
+    type Response = M::Response;
+    type Error = M::Error;
+    type Future = ResponseFuture<S::Future, M>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Backpressure (the only mode with a key to reserve under, and not in a
+        // dry run): ready once a unit is reserved for the next call; other
+        // modes never hold a request back here.
+        if self.layer.shared.reserve_key.is_some() {
+            return self.poll_ready_reserving::<Req, _>(cx, M::map_error);
+        }
+        self.inner.poll_ready(cx).map_err(M::map_error)
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = &*self.layer.shared;
+        if shared.extractor.is_exempt(&req) {
+            // Backpressure reserved a unit in poll_ready: not this request's.
+            waiting::give_back_reservation(&mut self.ready);
+            return ResponseFuture::forwarded(self.inner.call(req));
+        }
+        let key = match shared.extractor.extract(&req) {
+            Some(key) => key,
+            None => match &shared.missing_key {
+                MissingKey::Fallback(key) => key.clone(),
+                MissingKey::Allow => {
+                    // Uncounted: the unit poll_ready reserved is not this request's.
+                    waiting::give_back_reservation(&mut self.ready);
+                    return ResponseFuture::forwarded(self.inner.call(req));
+                }
+                MissingKey::Reject => {
+                    waiting::give_back_reservation(&mut self.ready);
+                    bump(&shared.counters.key_missing);
+                    if shared.dry_run {
+                        tracing::info!("rate limit (dry run): request has no key, would reject");
+                        return ResponseFuture::forwarded(self.inner.call(req));
+                    }
+                    tracing::debug!("rate limit: request has no key, rejected");
+                    let rejection = Rejection::KeyMissing(shared.missing_key_status);
+                    return ResponseFuture::rejected(shared.mode.reject(&req, rejection));
+                }
+            },
+        };
+        let cost = shared.extractor.cost(&req);
+        if shared.waits() {
+            let shared = Arc::clone(&self.layer.shared);
+            return waiting::call(&shared, &mut self.inner, &mut self.ready, req, key, cost);
+        }
+
+        // One policy admitting the request, the common case: forward it without
+        // the all-or-nothing bookkeeping below (which would decide the same).
+        let mut answers: Answers = Default::default();
+        if let [limit] = &shared.limits[..] {
+            match limit.store.check_now(&key, cost) {
+                Some(Ok(d)) if d.is_allowed() => {
+                    let headers = shared.mode.allowed_headers(|| shared.report(0, d));
+                    return ResponseFuture::forward(&mut self.inner, req, headers);
+                }
+                answer => answers[0] = answer,
+            }
+        }
+        // A store that answers later (a remote one) is only asked when no
+        // immediate answer has already denied the request.
+        if ask_now(shared, &key, cost, &mut answers) {
+            return self.decide_later(req, key, cost, answers);
+        }
+        let verdict = decide(shared, &key, &answers);
+        match act::<Req, S, X, St, M>(shared, &req, &key, verdict, &answers) {
+            Action::Forward(headers) => ResponseFuture::forward(&mut self.inner, req, headers),
+            Action::Reject(output) => ResponseFuture::rejected(output),
+        }
+    }
+}
+
+impl<S, X: Keyed, St, M> SlidingWindow<S, X, St, M> {
+    /// The remote path: await the stores, then forward or reject. The inner
+    /// service readied by `poll_ready` moves into the future (a fresh clone
+    /// stays behind), so it is called exactly as tower's contract asks.
+    fn decide_later<Req>(
+        &mut self,
+        req: Req,
+        key: KeyOf<X>,
+        cost: u32,
+        answers: Answers,
+    ) -> ResponseFuture<S::Future, M>
+    where
+        S: Service<Req> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        Req: Send + 'static,
+        X: KeyExtractor<Req>,
+        St: Store<KeyOf<X>>,
+        M: RejectionMode<Req, S>,
+    {
+        let mut ready = take_readied(&mut self.inner);
+        // Armed from here, not from the first poll: a response future dropped
+        // before it is ever polled must also give back what `check_now` admitted.
+        let mut guard = UndoOnDrop {
+            shared: Arc::clone(&self.layer.shared),
+            key,
+            answers,
+            armed: true,
+        };
+        ResponseFuture::deciding(Box::pin(async move {
+            let g = &mut guard;
+            let mut pending: Vec<(usize, Pin<Box<St::Future>>)> = g
+                .shared
+                .limits
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| g.answers[*i].is_none())
+                .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&g.key, cost))))
+                .collect();
+            // Ask every remote store at once, not one round trip after another.
+            // If the caller drops this future before every store has answered,
+            // the request never ran: the guard gives back what was admitted.
+            poll_fn(|cx| {
+                pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
+                    Poll::Ready(answer) => {
+                        g.answers[*i] = Some(answer);
+                        false
+                    }
+                    Poll::Pending => true,
+                });
+                if pending.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            // From here on, `decide` owns the all-or-nothing bookkeeping.
+            g.armed = false;
+            let verdict = decide(&g.shared, &g.key, &g.answers);
+            let headers =
+                match act::<Req, S, X, St, M>(&g.shared, &req, &g.key, verdict, &g.answers) {
+                    Action::Forward(headers) => headers,
+                    Action::Reject(output) => return output,
+                };
+            M::finish(ready.call(req).await, headers)
+        }))
+    }
+}
+
+/// Undoes the admitted answers when dropped while armed: until every store has
+/// answered (from then on, `decide` owns the all-or-nothing bookkeeping).
+struct UndoOnDrop<X: Keyed, St: Store<KeyOf<X>>, M> {
+    shared: Arc<Shared<X, St, M>>,
+    key: KeyOf<X>,
+    answers: Answers,
+    armed: bool,
+}
+
+impl<X: Keyed, St: Store<KeyOf<X>>, M> Drop for UndoOnDrop<X, St, M> {
+    fn drop(&mut self) {
+        if self.armed {
+            give_back(&self.shared, &self.key, self.answers.iter().map(admitted));
+        }
+    }
+}

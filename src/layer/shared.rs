@@ -1,0 +1,311 @@
+//! The layer and the state every clone and service shares: built once, in
+//! [`build`](crate::SlidingWindowLayerBuilder), behind one `Arc`.
+
+use super::response::{PolicyName, Report};
+use super::waiting::{AsLocal, LayerQueues};
+use crate::decision::Decision;
+use crate::extract::{KeyOf, Keyed};
+use crate::limiter::Limiter;
+use crate::wait::{WaitConfig, WaitStats};
+use http::HeaderValue;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use super::rejection::HttpRejection;
+
+/// The most policies one layer decides at once: decisions for all of them are
+/// kept on the stack while a request is decided.
+pub const MAX_POLICIES: usize = 8;
+
+/// What the layer does when a request is over a limit.
+///
+/// For a global limit, the layer can also hold back `poll_ready` instead:
+/// see [`backpressure`](crate::SlidingWindowLayerBuilder::backpressure).
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_sliding_window::{key_fn, OnLimit, Policy, SlidingWindowLayer, WaitConfig};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let by_user = key_fn(|req: &Request<String>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()));
+/// // 1 request per 1.5 s per user (15 buckets of 100 ms); wait up to 2 s for a turn,
+/// // behind at most 7 others.
+/// let layer = SlidingWindowLayer::builder(by_user)
+///     .policy(Policy::per(1, Duration::from_millis(1500))?)
+///     .on_limit(OnLimit::Wait(WaitConfig::bounded(Duration::from_secs(2), 8)?))
+///     .build()?;
+/// let svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) });
+///
+/// let req = || Request::builder().header("x-user", "ada").body(String::new()).unwrap();
+/// let start = tokio::time::Instant::now();
+/// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
+/// // The second waits until the first leaves the window (1.5 s plus a bucket)...
+/// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
+/// assert_eq!(start.elapsed(), Duration::from_millis(1600));
+/// // ...and one whose turn would come after more than 2 s is rejected at once.
+/// let (second, third) = (svc.clone().oneshot(req()), svc.clone().oneshot(req()));
+/// let (second, third) = tokio::join!(second, third);
+/// assert_eq!(second?.status(), StatusCode::OK);
+/// assert_eq!(third?.status(), StatusCode::TOO_MANY_REQUESTS);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLimit {
+    /// Answer at once: 429 / gRPC RESOURCE_EXHAUSTED (HTTP mode) or a
+    /// [`RateLimited`](crate::RateLimited) error (error mode).
+    #[default]
+    Reject,
+    /// Hold the request in its response future until its turn, FIFO per key,
+    /// and forward it at the instant the policies allow, within the
+    /// [`WaitConfig`]'s bounds. A request whose turn would come later than
+    /// `max_wait` after its arrival, or that finds `max_queue` requests of its
+    /// key already waiting, is rejected at once (as with `Reject`, its
+    /// `Retry-After` telling when its turn would have come).
+    /// [`WaitConfig::unbounded`] waits as long as it takes behind any number of
+    /// requests: only where the callers themselves are bounded.
+    ///
+    /// Dropping the response future (a client gone, a timeout) leaves the queue
+    /// and gives back any units it was admitted with. While a request waits,
+    /// the inner service is not held: it is readied and called once the request
+    /// is admitted, so a waiting key never takes capacity (a `ConcurrencyLimit`
+    /// permit, a `Buffer` slot) from other keys. Until the inner service is
+    /// ready the request is not sent: dropped then, it gives its units back;
+    /// ready only after its admission's bucket has passed, it gives them back
+    /// and asks again, ahead of the requests that arrived after it (waiting
+    /// once more, at the head of its key's queue and up to `max_wait`, if it
+    /// must; this short wait keeps the readied inner service, since a fresh
+    /// one could again be ready too late), so it never reaches the inner
+    /// service outside a window that counts it.
+    ///
+    /// Only the in-memory limiters of
+    /// [`policy`](crate::SlidingWindowLayerBuilder::policy) can wait: a remote
+    /// store cannot tell when a unit frees.
+    Wait(WaitConfig),
+}
+
+/// How a layer holds back requests over the limit (a dry run never does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    Reject,
+    Wait(WaitConfig),
+    /// `poll_ready` is `Pending` until a unit of the global key is reserved.
+    Backpressure,
+}
+
+impl Hold {
+    /// The bounds of the layer's wait queues (unbounded when it never waits).
+    pub(crate) fn wait_config(self) -> WaitConfig {
+        match self {
+            Hold::Wait(config) => config,
+            Hold::Reject | Hold::Backpressure => WaitConfig::unbounded(),
+        }
+    }
+}
+
+/// What a request whose extractor returned `None` gets.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey<K> {
+    /// Forward it, uncounted and without rate-limit headers.
+    Allow,
+    /// Reject it: with the extractor's
+    /// [`missing_key_status`](crate::extract::Keyed::missing_key_status) (400 Bad
+    /// Request, or 500 for the address extractors, whose missing key is a
+    /// server misconfiguration) or the layer's
+    /// [`missing_key_status`](crate::SlidingWindowLayerBuilder::missing_key_status),
+    /// and no rate-limit headers (HTTP mode); a
+    /// [`KeyMissing`](crate::layer::KeyMissing) error (error mode). Never 429:
+    /// a request without a key is not throttled, and waiting will not help it.
+    /// The default, so a misconfigured extractor (say, peer IP without
+    /// `ConnectInfo`) fails loudly instead of silently disabling the limit.
+    #[default]
+    Reject,
+    /// Count it under this shared key.
+    Fallback(K),
+}
+
+/// Counters the layer keeps beyond the stores' own stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LayerStats {
+    /// Requests a dry run would have rejected (they were forwarded).
+    pub dry_run_rejections: u64,
+    /// Requests without a key that were rejected (in a dry run: forwarded).
+    pub key_missing: u64,
+    /// Requests answered 503 / UNAVAILABLE (with
+    /// [`reject_with_errors`](crate::SlidingWindowLayerBuilder::reject_with_errors): a
+    /// [`StoreError`](crate::StoreError) value) because a store could not decide
+    /// (in a dry run: forwarded).
+    pub store_errors: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct LayerCounters {
+    pub(crate) dry_run_rejections: AtomicU64,
+    pub(crate) key_missing: AtomicU64,
+    pub(crate) store_errors: AtomicU64,
+}
+
+pub(crate) type KeyFormatter<K> =
+    Arc<dyn Fn(&K, &mut fmt::Formatter<'_>) -> fmt::Result + Send + Sync>;
+
+/// One policy as the layer sees it: its store and its precomputed names.
+pub(crate) struct Limit<St> {
+    pub(crate) store: St,
+    pub(crate) name: PolicyName,
+    pub(crate) quoted_name: Box<str>,
+}
+
+/// Everything the services share: built once in `build()`.
+pub(crate) struct Shared<X: Keyed, St, M> {
+    pub(crate) extractor: X,
+    pub(crate) limits: Box<[Limit<St>]>,
+    pub(crate) policy_header: HeaderValue,
+    pub(crate) mode: M,
+    pub(crate) missing_key: MissingKey<KeyOf<X>>,
+    /// The status a request without a key is rejected with: the layer's, or
+    /// else the extractor's.
+    pub(crate) missing_key_status: http::StatusCode,
+    pub(crate) hold: Hold,
+    pub(crate) dry_run: bool,
+    pub(crate) key_formatter: Option<KeyFormatter<KeyOf<X>>>,
+    pub(crate) counters: LayerCounters,
+    /// The wait queues of `OnLimit::Wait` and backpressure.
+    pub(crate) wait: LayerQueues<KeyOf<X>>,
+    /// How the waiting modes reach a store as an in-memory limiter: set by the
+    /// builder of in-memory limiters, the only stores that can wait.
+    pub(crate) local: Option<AsLocal<St, KeyOf<X>>>,
+    /// The key `poll_ready` reserves a unit of: the global limit's `()` under
+    /// backpressure (not in a dry run); `None` otherwise.
+    pub(crate) reserve_key: Option<KeyOf<X>>,
+}
+
+impl<X: Keyed, St, M> Shared<X, St, M> {
+    /// What a response reports for policy `i`'s `decision`.
+    pub(crate) fn report(&self, i: usize, decision: Decision) -> Report<'_> {
+        Report {
+            decision,
+            quoted_name: &self.limits[i].quoted_name,
+            policy_header: &self.policy_header,
+        }
+    }
+
+    /// `key` for log events: only when the user opted in.
+    pub(crate) fn loggable_key<'a>(&'a self, key: &'a KeyOf<X>) -> Option<LoggedKey<'a, KeyOf<X>>> {
+        self.key_formatter
+            .as_ref()
+            .map(|format| LoggedKey { key, format })
+    }
+
+    /// True when over-limit requests wait rather than being rejected. A dry
+    /// run never holds anything back.
+    #[inline]
+    pub(crate) fn waits(&self) -> bool {
+        !self.dry_run && self.hold != Hold::Reject
+    }
+}
+
+/// A key formatted with the user's formatter, for `tracing` fields.
+pub(crate) struct LoggedKey<'a, K> {
+    key: &'a K,
+    format: &'a KeyFormatter<K>,
+}
+
+impl<K> fmt::Display for LoggedKey<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (self.format)(self.key, f)
+    }
+}
+
+/// A tower [`Layer`](tower_layer::Layer) that rate-limits requests with a
+/// sliding window per key.
+///
+/// Built once, with [`new`](SlidingWindowLayer::new) or
+/// [`builder`](SlidingWindowLayer::builder); the limiters are created then.
+/// Clones of the layer and every service it makes share them, so the limit holds
+/// across connections, though `axum::serve` and hyper clone the service for
+/// each connection (and a stack built per connection calls
+/// [`Layer::layer`](tower_layer::Layer::layer) each time).
+///
+/// The type parameters: `X` is the [key extractor](crate::extract) (with its
+/// cost and exemption, if any), `St` the store of each policy (by default the
+/// in-memory [`Limiter`] of `X`'s key), `M` how rejections are delivered
+/// ([`HttpRejection`] by default, or
+/// [`ErrorRejection`](crate::layer::ErrorRejection)). A layer stored in a
+/// struct names what it needs:
+///
+/// ```
+/// use tower_sliding_window::{HeaderKey, PeerIp, SlidingWindowLayer};
+///
+/// struct Limits {
+///     per_api_key: SlidingWindowLayer<HeaderKey>,
+///     per_ip: SlidingWindowLayer<PeerIp>,
+/// }
+/// ```
+///
+/// # Requirements on the inner service
+///
+/// With the in-memory limiters rejecting at once (the default) a request is
+/// decided inside `call`, but the service type also serves the paths that
+/// decide later (a request waiting its turn, a remote store's answer): they
+/// move the inner service readied by `poll_ready` into the response future and
+/// leave a clone behind. So the inner service must be `Clone + Send +
+/// 'static` with a `Send + 'static` future, and the request `Send + 'static`,
+/// as axum, hyper and tonic services and requests are. Wrap a service that is
+/// not `Clone` in tower's `Buffer` first (see the [guide](crate::guide)).
+pub struct SlidingWindowLayer<X: Keyed, St = Limiter<KeyOf<X>>, M = HttpRejection> {
+    pub(crate) shared: Arc<Shared<X, St, M>>,
+}
+
+impl<X: Keyed, St, M> Clone for SlidingWindowLayer<X, St, M> {
+    fn clone(&self) -> Self {
+        SlidingWindowLayer {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<X: Keyed, St, M> fmt::Debug for SlidingWindowLayer<X, St, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.shared.limits.iter().map(|l| &*l.name).collect();
+        f.debug_struct("SlidingWindowLayer")
+            .field("policies", &names)
+            .field("hold", &self.shared.hold)
+            .field("dry_run", &self.shared.dry_run)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<X: Keyed, St, M> SlidingWindowLayer<X, St, M> {
+    /// The layer's stores, one per policy, in the order they were added: read
+    /// their counters (for the in-memory [`Limiter`], [`Limiter::stats`] and
+    /// [`Limiter::usage`]). With several policies, a store's `admitted` also
+    /// counts requests another policy denied (their units were given back).
+    pub fn stores(&self) -> impl ExactSizeIterator<Item = &St> + '_ {
+        self.shared.limits.iter().map(|l| &l.store)
+    }
+
+    /// The layer's own counters (dry-run rejections, missing keys, store errors).
+    pub fn stats(&self) -> LayerStats {
+        let c = &self.shared.counters;
+        LayerStats {
+            dry_run_rejections: c.dry_run_rejections.load(Relaxed),
+            key_missing: c.key_missing.load(Relaxed),
+            store_errors: c.store_errors.load(Relaxed),
+        }
+    }
+
+    /// Totals of the waiting modes: admissions at once and after a wait,
+    /// rejections by reason, cancellations, timers (all zero in reject mode).
+    pub fn wait_stats(&self) -> WaitStats {
+        self.shared.wait.stats()
+    }
+}
