@@ -92,9 +92,9 @@ pub enum TimeSource {
 ///   `#[tokio::test(start_paused = true)]`), it follows tokio's clock, like
 ///   [`TokioClock`], so tests drive the limiter with `tokio::time::advance`.
 /// - Otherwise it reads `CLOCK_MONOTONIC_COARSE` (see [`CoarseClock`]), which
-///   costs a fraction of `Instant::now` and reading the clock was the largest
-///   single cost of a check (`benches/clock.rs`). Decisions are exact in that
-///   clock's time, which lags real time by less than one kernel tick.
+///   costs a fraction of `Instant::now`, while reading the clock is a large
+///   part of a check. Decisions are exact in that clock's time, which lags
+///   real time by less than one kernel tick.
 /// - If the policy's bucket is narrower than [`COARSE_TICKS_PER_BUCKET`](Self::COARSE_TICKS_PER_BUCKET)
 ///   coarse ticks (or the platform has no coarse clock), it reads
 ///   `std::time::Instant`, so no policy is rejected for the clock's resolution.
@@ -228,9 +228,9 @@ fn tokio_clock_is_paused() -> bool {
 }
 
 /// `CLOCK_MONOTONIC_COARSE`: the time of the kernel's last tick, read from the
-/// vDSO without touching the TSC. About a quarter of the cost of
-/// `Instant::now` on the benchmark machine (see `benches/clock.rs`), at the price
-/// of a resolution of one kernel tick (typically 1–4 ms; [`Clock::resolution`]
+/// vDSO without touching the TSC: a fraction of the cost of `Instant::now`
+/// (`benches/clock.rs` compares them), at the price of a resolution of one
+/// kernel tick (typically 1–4 ms; [`Clock::resolution`]
 /// reports it, and a policy whose bucket is narrower is rejected at build time).
 ///
 /// Unlike [`TokioClock`] it does not follow tokio's paused clock, so tests that

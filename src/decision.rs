@@ -41,7 +41,7 @@ pub struct Decision {
     pub(crate) limit: u32,
     pub(crate) remaining: u32,
     /// Nanoseconds, turned into a `Duration` only when asked: most checks are
-    /// never asked, and the conversion was a tenth of a hot check's instructions.
+    /// never asked, and the conversion is not free on the hot path.
     pub(crate) retry_after_ns: u64,
     pub(crate) reset_ns: u64,
     /// Where the units were recorded, so an admitted decision can be undone.

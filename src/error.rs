@@ -136,8 +136,6 @@ pub enum ConfigError {
         /// The prefix.
         prefix: String,
     },
-    /// A combination of layer settings that cannot work; the message says which.
-    Invalid(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -216,7 +214,6 @@ impl fmt::Display for ConfigError {
                 "Redis key prefix {prefix:?} contains '{{' or '}}' (the policy name is part of \
                  the default prefix; set .prefix())"
             ),
-            ConfigError::Invalid(message) => f.write_str(message),
         }
     }
 }

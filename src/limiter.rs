@@ -101,11 +101,10 @@ const PARTITION_SHIFT: u32 = 48;
 /// papaya boxes each entry (the key, then the value) on its own, and entries
 /// created one after another sit side by side on the heap. Without the gap the
 /// last buckets of one ring and the key and first words of the next could share
-/// a cache line, and two threads checking two such keys took turns owning it:
-/// two threads on their own keys then ran at 0.8× one thread's throughput, in
-/// 3 of every 16 bucket widths (`benches/paired.rs` showed the spread). 56
-/// bytes, plus the 8 or more any allocator adds to a block (a header, or the
-/// rounding up to a size class), keep two rings' live words a cache line apart.
+/// a cache line, and two threads checking two such keys would take turns owning
+/// it (false sharing), slower together than one alone. 56 bytes, plus the 8 or
+/// more any allocator adds to a block (a header, or the rounding up to a size
+/// class), keep two rings' live words a cache line apart.
 #[repr(C)]
 struct Spaced {
     ring: Ring,
