@@ -7,9 +7,8 @@ use crate::policy::Policy;
 use crate::store::StoreError;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -102,36 +101,9 @@ pub(crate) fn policy_header<'a>(policies: impl Iterator<Item = &'a Policy>) -> H
             ceil_secs(policy.window())
         );
     }
-    interned(value)
-}
-
-/// `value` as a header value backed by a `&'static str`, leaked once per
-/// distinct string for the rest of the program (a layer's `RateLimit-Policy`:
-/// one per configuration). Every rejection carries that value: cloning a static
-/// one copies a pointer, where a value built from a `String` shares one
-/// reference count that every worker thread increments and decrements, a cache
-/// line bouncing between cores. Falls back to an empty value if `value` is not
-/// visible ASCII (never, for the callers here).
-pub(crate) fn interned(value: String) -> HeaderValue {
-    static INTERNED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
-    // `from_static`'s own rule (visible ASCII and tab), stricter than `from_str`'s.
-    if !value
-        .bytes()
-        .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
-    {
-        return HeaderValue::from_static("");
-    }
-    let mut set = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
-    let value: &'static str = match set.get(value.as_str()) {
-        Some(&existing) => existing,
-        None => {
-            let leaked: &'static str = Box::leak(value.into_boxed_str());
-            set.insert(leaked);
-            leaked
-        }
-    };
-    // Checked above by `from_static`'s rule: it does not panic.
-    HeaderValue::from_static(value)
+    // Built from printable ASCII (the names were checked when the layer was
+    // built), so the conversion does not fail; an empty value if it ever did.
+    HeaderValue::try_from(value).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// What one response reports: a decision of one of the layer's policies.
@@ -203,12 +175,12 @@ impl RateLimitHeaders {
             put(&RATELIMIT, v);
         }
         if let Some(secs) = self.retry_after {
-            put(&RETRY_AFTER, integer(secs));
+            put(&RETRY_AFTER, HeaderValue::from(secs));
         }
         if let Some((limit, remaining, reset)) = self.legacy {
-            put(&X_RATELIMIT_LIMIT, integer(limit.into()));
-            put(&X_RATELIMIT_REMAINING, integer(remaining.into()));
-            put(&X_RATELIMIT_RESET, integer(reset));
+            put(&X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+            put(&X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
+            put(&X_RATELIMIT_RESET, HeaderValue::from(reset));
         }
     }
 }
@@ -228,61 +200,6 @@ fn rate_limit_value(quoted_name: &str, remaining: u32, t: u64) -> Option<HeaderV
     buf.push(b";t=");
     buf.push_decimal(t);
     HeaderValue::from_bytes(buf.as_slice()).ok()
-}
-
-/// A header value for `n`. Below [`STATIC_DECIMALS`] (every `Retry-After` of a
-/// window up to 2.7 hours) it points into a table built at compile time, so a
-/// rejection neither allocates it nor frees it; larger values are formatted.
-fn integer(n: u64) -> HeaderValue {
-    if n < STATIC_DECIMALS {
-        let at = decimal_offset(n);
-        if let Ok(digits) = std::str::from_utf8(&DECIMALS[at..at + decimal_len(n)]) {
-            return HeaderValue::from_static(digits);
-        }
-    }
-    HeaderValue::from(n)
-}
-
-/// Integers below this have a static header value.
-const STATIC_DECIMALS: u64 = 10_000;
-
-/// The decimals 0 to 9999, concatenated: "0123456789101112…9999".
-static DECIMALS: [u8; 38_890] = decimals();
-
-const fn decimal_len(n: u64) -> usize {
-    match n {
-        0..=9 => 1,
-        10..=99 => 2,
-        100..=999 => 3,
-        _ => 4,
-    }
-}
-
-/// Where `n`'s digits start in [`DECIMALS`]: after all shorter numbers.
-const fn decimal_offset(n: u64) -> usize {
-    let n = n as usize;
-    match n {
-        0..=9 => n,
-        10..=99 => 10 + (n - 10) * 2,
-        100..=999 => 190 + (n - 100) * 3,
-        _ => 2890 + (n - 1000) * 4,
-    }
-}
-
-const fn decimals() -> [u8; 38_890] {
-    let mut out = [0u8; 38_890];
-    let mut n = 0;
-    while n < STATIC_DECIMALS {
-        let (at, len) = (decimal_offset(n), decimal_len(n));
-        let (mut i, mut rest) = (len, n);
-        while i > 0 {
-            i -= 1;
-            out[at + i] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-        }
-        n += 1;
-    }
-    out
 }
 
 /// A small fixed buffer for header values; callers check the length first.
@@ -468,18 +385,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn interned_values_are_shared_and_invalid_ones_empty() {
-        let a = interned("\"a\";q=1;w=2".to_owned());
-        let b = interned("\"a\";q=1;w=2".to_owned());
-        assert_eq!(a, "\"a\";q=1;w=2");
-        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr());
-        assert_ne!(interned("\"b\";q=1;w=2".to_owned()), a);
-        assert_eq!(interned("caf\u{e9}\n".to_owned()), "");
-        // Valid for from_str, but not for from_static: empty, not a panic.
-        assert_eq!(interned("\"caf\u{e9}\";q=1;w=1".to_owned()), "");
-    }
-
-    #[test]
     fn retry_after_rounds_up_and_is_never_zero_for_a_wait() {
         assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
         assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
@@ -489,11 +394,10 @@ mod tests {
     }
 
     #[test]
-    fn integers_are_written_in_decimal() {
-        for n in (0..=10_001).chain([1234567890, u64::MAX]) {
-            assert_eq!(integer(n), n.to_string().as_str());
-        }
+    fn the_ratelimit_field_is_written_in_decimal() {
         assert_eq!(rate_limit_value("\"p\"", 0, 64).unwrap(), "\"p\";r=0;t=64");
+        let max = rate_limit_value("\"p\"", u32::MAX, u64::MAX).unwrap();
+        assert_eq!(max, format!("\"p\";r={};t={}", u32::MAX, u64::MAX).as_str());
     }
 
     #[test]
