@@ -71,6 +71,28 @@ pub trait Keyed {
     }
 }
 
+/// An extractor with one key for every request (its key type is `()`), such
+/// as [`GlobalKey`]: the only kind that can hold back `poll_ready`
+/// ([`backpressure`](crate::SlidingWindowLayerBuilder::backpressure)), which
+/// sees no request. Implemented by [`GlobalKey`], by closures keying by `()`,
+/// and by the wrappers of such extractors; an extractor of your own whose key
+/// type is `()` implements it with an empty `impl`.
+#[diagnostic::on_unimplemented(
+    message = "backpressure needs a global limit, and `{Self}` keys each request",
+    label = "keys each request",
+    note = "`poll_ready` sees no request, so it cannot hold back one key: for a keyed limit, wait in the response future with `.on_limit(OnLimit::Wait(..))`",
+    note = "a global limit is keyed by `GlobalKey` (its key type is `()`)"
+)]
+pub trait GlobalExtractor: Keyed<Key = ()> {}
+
+impl GlobalExtractor for GlobalKey {}
+impl<F> GlobalExtractor for KeyFn<F, ()> {}
+impl<Req: 'static> GlobalExtractor for dyn Fn(&Req) -> Option<()> + Send + Sync {}
+impl<T: GlobalExtractor + ?Sized> GlobalExtractor for Arc<T> {}
+impl<T: GlobalExtractor + ?Sized> GlobalExtractor for Box<T> {}
+impl<X: GlobalExtractor, C> GlobalExtractor for WithCost<X, C> {}
+impl<X: GlobalExtractor, E> GlobalExtractor for WithExemption<X, E> {}
+
 /// The key type of extractor `X`.
 pub type KeyOf<X> = <X as Keyed>::Key;
 

@@ -17,7 +17,9 @@ use super::shared::{
 use super::waiting::{AsLocal, LayerQueues, LocalStore};
 use crate::clock::{AutoClock, Clock};
 use crate::error::ConfigError;
-use crate::extract::{Exemption, KeyExtractor, KeyOf, Keyed, RequestCost, WithCost, WithExemption};
+use crate::extract::{
+    Exemption, GlobalExtractor, KeyExtractor, KeyOf, Keyed, RequestCost, WithCost, WithExemption,
+};
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::store::Store;
@@ -420,7 +422,7 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
     /// [`InMemory`] limiters, where `backpressure` is documented.
     pub fn backpressure(self) -> SlidingWindowLayerBuilder<X, InMemory, M>
     where
-        X: Keyed<Key = ()>,
+        X: GlobalExtractor,
     {
         self.with_stores(InMemory::default()).backpressure()
     }
@@ -558,7 +560,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// ```
     pub fn backpressure(mut self) -> Self
     where
-        X: Keyed<Key = ()>,
+        X: GlobalExtractor,
     {
         self.stores.hold = Hold::Backpressure;
         self.settings.reserve_key = Some(());
