@@ -8,7 +8,15 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use tower_sliding_window::{key_fn, Policy, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, MissingKey, Policy, SlidingWindowLayer};
+
+/// The methods this server serves. The key is one of these, never the path
+/// as the client wrote it: an invented path would otherwise be a key of its
+/// own, and a flood of them would fill the limiter's keys.
+const METHODS: [&str; 2] = [
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+];
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,8 +25,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_reporter, health) = tonic_health::server::health_reporter();
 
     // Key: the gRPC method, so one method's flood does not starve another.
-    let by_method =
-        key_fn(|req: &http::Request<tonic::body::Body>| Some(req.uri().path().to_owned()));
+    let by_method = key_fn(|req: &http::Request<tonic::body::Body>| {
+        let path = req.uri().path();
+        METHODS.into_iter().find(|method| *method == path)
+    });
     let policy = Policy::builder()
         .name("health")
         .limit(3)
@@ -26,6 +36,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let layer = SlidingWindowLayer::builder(by_method)
         .policy(policy)
+        // Other paths are no method of ours: tonic answers them UNIMPLEMENTED.
+        .missing_key(MissingKey::Allow)
         .headers_on_allowed(true) // as metadata on OK responses too
         .build()?;
     tokio::spawn(

@@ -6,8 +6,10 @@
 //! key. A client alternates between them: 10 requests pass across the two, the
 //! rest get 429, and once the window has moved on requests pass again.
 //!
-//! Run it with `cargo run --example redis_cluster_of_two --features redis`
-//! (Redis at `REDIS_URL`, default redis://127.0.0.1:6379).
+//! Run it with `cargo run --example redis_fleet` (Redis at `REDIS_URL`, default
+//! redis://127.0.0.1:6379). The crate's `redis` feature provides the store; the
+//! examples build with it on. In your own `Cargo.toml`:
+//! `tower-sliding-window = { version = "0.1", features = ["redis"] }`.
 
 use axum::{routing::get, Router};
 use http::Request;
@@ -16,7 +18,11 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
-use tower_sliding_window::{FailurePolicy, HeaderKey, Policy, RedisStore, SlidingWindowLayer};
+use tower_sliding_window::{key_fn, FailurePolicy, Policy, RedisStore, SlidingWindowLayer};
+
+/// The API keys the fleet issued: only these are counted, each under its own
+/// limit. A key a client makes up is answered 401 and never reaches Redis.
+const API_KEYS: [&str; 2] = ["k-alice", "k-bob"];
 
 const LIMIT: u32 = 10;
 const WINDOW: Duration = Duration::from_secs(2);
@@ -42,8 +48,13 @@ async fn start_instance(
         .warm_up()
         .await
         .map_err(|e| format!("{name}: {e} (is Redis running at {redis_url}?)"))?;
-    let layer = SlidingWindowLayer::builder(HeaderKey::named("x-api-key")?)
+    let issued_key = key_fn(|req: &Request<axum::body::Body>| {
+        let key = req.headers().get("x-api-key")?.to_str().ok()?;
+        API_KEYS.into_iter().find(|issued| *issued == key)
+    });
+    let layer = SlidingWindowLayer::builder(issued_key)
         .store(store)
+        .missing_key_status(http::StatusCode::UNAUTHORIZED)
         .headers_on_allowed(true)
         .build()?;
     let app = Router::new()
@@ -84,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..24 {
         let (name, url) = &instances[i % 2];
         let req = Request::get(url.as_str())
-            .header("x-api-key", "customer-42")
+            .header("x-api-key", "k-alice")
             .body(Empty::new())?;
         let res = client.request(req).await?;
         let status = res.status();
@@ -116,7 +127,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::time::sleep(retry_after).await;
     for (i, (name, url)) in instances.iter().enumerate() {
         let req = Request::get(url.as_str())
-            .header("x-api-key", "customer-42")
+            .header("x-api-key", "k-alice")
             .body(Empty::new())?;
         let res = client.request(req).await?;
         println!("request {} -> {name}: {}", 24 + i, res.status());
