@@ -56,7 +56,7 @@ fn nanos(d: Duration) -> Nanos {
 fn traffic() -> Vec<Nanos> {
     let (window, edge) = (nanos(WINDOW), nanos(EDGE));
     let stream_gap = window / (2 * u64::from(LIMIT));
-    let burst = |at: Nanos| std::iter::repeat(at).take(LIMIT as usize);
+    let burst = |at: Nanos| std::iter::repeat_n(at, LIMIT as usize);
     let mut arrivals = Vec::new();
     for episode in 0..EPISODES {
         let start = 2 * episode * window;

@@ -2,6 +2,7 @@
 //! ephemeral loopback ports), through a `ClusterConnection` given to
 //! `RedisStoreBuilder::connection`: each key's script runs on the node that owns
 //! its hash tag, keys spread over the nodes, and scripts reload on every node.
+//! `#[ignore]`d: needs `redis-server` and `redis-cli` (run with `-- --include-ignored`).
 #![cfg(feature = "redis")]
 
 mod redis_support;
@@ -24,19 +25,18 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
-    /// Three masters, no replicas, every slot assigned; `None` (after a skip
-    /// notice) when they cannot be started. Up to three attempts, each on fresh
-    /// ports: an ephemeral port picked here can be taken before the node binds it.
-    async fn start(test: &str) -> Option<Cluster> {
+    /// Three masters, no replicas, every slot assigned; fails the test when
+    /// they cannot be started. Up to three attempts, each on fresh ports: an
+    /// ephemeral port picked here can be taken before the node binds it.
+    async fn start(test: &str) -> Cluster {
         let mut failures = Vec::new();
         for attempt in 0..3 {
             match Cluster::try_start(test, attempt).await {
-                Ok(cluster) => return Some(cluster),
+                Ok(cluster) => return cluster,
                 Err(e) => failures.push(e),
             }
         }
-        skip(test, &failures.join("; "));
-        None
+        unavailable(test, &failures.join("; "))
     }
 
     async fn try_start(test: &str, attempt: u32) -> Result<Cluster, String> {
@@ -140,12 +140,17 @@ impl Cluster {
     }
 }
 
+/// With `REQUIRE_REDIS=1` (CI) the ignored Redis tests below must be run.
+#[test]
+fn redis_tests_are_included_where_redis_is_required() {
+    assert_included_where_required();
+}
+
 #[tokio::test]
+#[ignore = "starts a Redis Cluster (redis-server, redis-cli): run with -- --include-ignored"]
 async fn a_cluster_enforces_each_key_on_the_node_owning_its_hash_tag() {
     let test = "a_cluster_enforces_each_key_on_the_node_owning_its_hash_tag";
-    let Some(cluster) = Cluster::start(test).await else {
-        return;
-    };
+    let cluster = Cluster::start(test).await;
     let prefix = unique_prefix(test);
     let (a, b) = (
         cluster.store(&prefix, 3).await,

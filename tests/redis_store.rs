@@ -1,7 +1,7 @@
 //! The Redis store against a real Redis (`REDIS_URL`, default 127.0.0.1:6379):
 //! the fleet-wide limit, costs, expiry, key names, the deny cache, and the same
-//! decisions as the in-memory ring. Skips visibly where no Redis answers, unless
-//! `REQUIRE_REDIS=1`.
+//! decisions as the in-memory ring. The tests that need Redis are `#[ignore]`d:
+//! run them with `-- --include-ignored` where one answers.
 #![cfg(feature = "redis")]
 
 mod redis_support;
@@ -31,12 +31,17 @@ fn store(policy: Policy, prefix: &str) -> RedisStore {
         .unwrap()
 }
 
+/// With `REQUIRE_REDIS=1` (CI) the ignored Redis tests below must be run.
+#[test]
+fn redis_tests_are_included_where_redis_is_required() {
+    assert_included_where_required();
+}
+
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn two_stores_on_separate_connections_admit_exactly_the_limit_together() {
     let test = "two_stores_on_separate_connections_admit_exactly_the_limit_together";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let prefix = unique_prefix(test);
     let p = policy(20, Duration::from_secs(10), 10);
     let (a, b) = (store(p.clone(), &prefix), store(p, &prefix));
@@ -58,11 +63,10 @@ async fn two_stores_on_separate_connections_admit_exactly_the_limit_together() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn costs_count_as_units_and_oversized_costs_skip_redis() {
     let test = "costs_count_as_units_and_oversized_costs_skip_redis";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let s = store(
         policy(10, Duration::from_secs(10), 10),
         &unique_prefix(test),
@@ -90,11 +94,10 @@ async fn costs_count_as_units_and_oversized_costs_skip_redis() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn denials_report_the_exact_time_until_the_units_expire() {
     let test = "denials_report_the_exact_time_until_the_units_expire";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let window = Duration::from_secs(10);
     let s = store(policy(2, window, 10), &unique_prefix(test));
     let first = s.check_n(&"k", 2).await.unwrap();
@@ -114,11 +117,10 @@ async fn denials_report_the_exact_time_until_the_units_expire() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn idle_keys_expire_by_themselves() {
     let test = "idle_keys_expire_by_themselves";
-    let Some(mut conn) = shared_redis(test).await else {
-        return;
-    };
+    let mut conn = shared_redis(test).await;
     // 200 ms window in 4 buckets of 50 ms: a key is idle 250 ms after its last unit.
     let s = store(
         policy(5, Duration::from_millis(200), 4),
@@ -141,11 +143,10 @@ async fn idle_keys_expire_by_themselves() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn expiry_moves_with_the_newest_slot() {
     let test = "expiry_moves_with_the_newest_slot";
-    let Some(mut conn) = shared_redis(test).await else {
-        return;
-    };
+    let mut conn = shared_redis(test).await;
     let s = store(
         policy(100, Duration::from_millis(200), 4),
         &unique_prefix(test),
@@ -176,11 +177,10 @@ async fn expiry_moves_with_the_newest_slot() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn stale_buckets_are_deleted_from_a_busy_key() {
     let test = "stale_buckets_are_deleted_from_a_busy_key";
-    let Some(mut conn) = shared_redis(test).await else {
-        return;
-    };
+    let mut conn = shared_redis(test).await;
     let s = store(
         policy(1000, Duration::from_millis(40), 4),
         &unique_prefix(test),
@@ -197,11 +197,10 @@ async fn stale_buckets_are_deleted_from_a_busy_key() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn keys_are_the_prefix_and_a_hash_tag_around_the_key() {
     let test = "keys_are_the_prefix_and_a_hash_tag_around_the_key";
-    let Some(mut conn) = shared_redis(test).await else {
-        return;
-    };
+    let mut conn = shared_redis(test).await;
     let prefix = unique_prefix(test);
     let s = store(policy(5, Duration::from_secs(10), 10), &prefix);
     let ip: std::net::IpAddr = "2001:db8::1".parse().unwrap();
@@ -243,11 +242,10 @@ fn hash_tag(key: &[u8]) -> &[u8] {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn deny_cache_answers_an_over_limit_key_without_a_round_trip() {
     let test = "deny_cache_answers_an_over_limit_key_without_a_round_trip";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let s = store(policy(3, Duration::from_secs(10), 10), &unique_prefix(test));
     for _ in 0..3 {
         assert!(s.check_n(&"abuser", 1).await.unwrap().is_allowed());
@@ -272,11 +270,10 @@ async fn deny_cache_answers_an_over_limit_key_without_a_round_trip() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn a_connection_of_your_own_works_like_the_managed_one() {
     let test = "a_connection_of_your_own_works_like_the_managed_one";
-    let Some(conn) = shared_redis(test).await else {
-        return;
-    };
+    let conn = shared_redis(test).await;
     let prefix = unique_prefix(test);
     let p = policy(3, Duration::from_secs(10), 10);
     // A bare multiplexed connection (a cluster connection plugs in the same way).
@@ -351,11 +348,10 @@ fn assert_store_bounds() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn check_now_answers_only_what_needs_no_round_trip() {
     let test = "check_now_answers_only_what_needs_no_round_trip";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let s = store(policy(2, Duration::from_secs(10), 10), &unique_prefix(test));
     let key = "k".to_owned();
     // A fresh key needs Redis: nothing is decided or counted here.
@@ -400,12 +396,11 @@ fn limited_service(
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn the_layer_enforces_a_redis_store_shared_by_two_instances() {
     use tower::ServiceExt;
     let test = "the_layer_enforces_a_redis_store_shared_by_two_instances";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let prefix = unique_prefix(test);
     let p = policy(3, Duration::from_secs(10), 10);
     let instances = [
@@ -435,11 +430,10 @@ async fn the_layer_enforces_a_redis_store_shared_by_two_instances() {
 }
 
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh() {
     let test = "a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let prefix = unique_prefix(test);
     // The old deploy: 100 ms buckets. Its slot numbers are 100 times those of
     // the new deploy's 10 s buckets, under the same key.
@@ -464,11 +458,10 @@ async fn a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh() {
 /// whole µs) do not: 1 s buckets and 1.000001 s buckets under one key would
 /// each find the other's slots "more than a window ahead" and wipe them.
 #[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn default_prefixes_of_other_bucket_widths_never_share_a_key() {
     let test = "default_prefixes_of_other_bucket_widths_never_share_a_key";
-    let Some(_) = shared_redis(test).await else {
-        return;
-    };
+    shared_redis(test).await;
     let build = |window: Duration| {
         RedisStore::builder(policy(2, window, 15), FailurePolicy::Closed)
             .url(&redis_url())

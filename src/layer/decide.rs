@@ -106,7 +106,7 @@ pub(crate) fn decide<X: Keyed, St: Store<KeyOf<X>>, M>(
                 failed.get_or_insert(i);
             }
             Some(Ok(d)) if d.is_allowed() => {
-                let closer = allowed.map_or(true, |(_, best)| {
+                let closer = allowed.is_none_or(|(_, best)| {
                     match (d.is_unchecked(), best.is_unchecked()) {
                         // A store that failed open knows nothing of the key:
                         // report a checked policy whenever there is one.
@@ -123,7 +123,7 @@ pub(crate) fn decide<X: Keyed, St: Store<KeyOf<X>>, M>(
                     allowed = Some((i, *d));
                 }
             }
-            Some(Ok(d)) if denied.map_or(true, |(_, longest)| waits_longer(d, &longest)) => {
+            Some(Ok(d)) if denied.is_none_or(|(_, longest)| waits_longer(d, &longest)) => {
                 denied = Some((i, *d));
             }
             Some(Ok(_)) => {}

@@ -130,7 +130,7 @@ where
         admitted
             .iter()
             .zip(self.limits.iter())
-            .all(|(d, limit)| d.map_or(true, |d| local(&limit.store).is_current(&d)))
+            .all(|(d, limit)| d.is_none_or(|d| local(&limit.store).is_current(&d)))
     }
 
     fn windows(&self, key: &KeyOf<X>) -> Vec<WindowSnapshot> {

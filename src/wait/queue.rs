@@ -639,7 +639,7 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
     let e = &mut q.entries[i];
     let now = Instant::now();
     if let Some(fits_at) = e.fits_at {
-        if fits_at > now && e.give_up_at.map_or(true, |g| fits_at <= g) {
+        if fits_at > now && e.give_up_at.is_none_or(|g| fits_at <= g) {
             set_waker(&mut e.waker, cx);
             return Step::SleepUntil(fits_at);
         }
