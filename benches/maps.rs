@@ -16,7 +16,7 @@
 //!   Faster than papaya here, but not inside the limiter: with `Limiter` on it,
 //!   a hot check took 27 ns against 21 ns on papaya (297 instructions against
 //!   263; its epoch guard alone is 17), and two threads on keys created one
-//!   after another ran at 1.04× one thread (see the README).
+//!   after another ran at 1.04× one thread (benches/README.md).
 //!
 //! Run: `cargo bench --bench maps`.
 

@@ -10,10 +10,16 @@ pub enum Precision {
     /// Count every bucket the last window touches (N + 1 of them).
     ///
     /// **Guarantee:** no interval of length `window` ever holds more than `limit`
-    /// admitted units. The price is under-admission of at most one bucket: at
-    /// saturation at least N/(N+1) of what an exact sliding log admits over a
-    /// long stretch (exactly W / ((N+1)·w), the bucket width w being W/N rounded
-    /// up to a whole nanosecond).
+    /// admitted units. The price is under-admission of at most one bucket: a
+    /// unit counts for up to a window plus one bucket. Under sustained
+    /// saturation that is at least N/(N+1) of what an exact sliding log admits
+    /// over a long stretch (exactly W / ((N+1)·w), the bucket width w being W/N
+    /// rounded up to a whole nanosecond). Bursts are held longer: a client that
+    /// sends its whole limit at `t` and again at `t + window` is denied until
+    /// `t + window + w`, and bursts spaced between W and W + w apart get about
+    /// half of what an exact log admits. More buckets shorten the delay;
+    /// [`OnLimit::Wait`](crate::OnLimit::Wait) turns the denial into a wait of
+    /// at most one bucket; `retry_after` says exactly when the cost fits.
     #[default]
     Strict,
     /// Cloudflare's sliding-window counter: the oldest bucket is weighted by the part
