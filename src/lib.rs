@@ -114,6 +114,7 @@
 //! |---|---|---|
 //! | `redis` | off | [`RedisStore`], a [`Store`] in Redis shared by a fleet of instances, with the same strict guarantee (one Lua script per decision on Redis' own clock, hash-tagged keys that expire by themselves, a timeout with an explicit fail-open / fail-closed choice, and a local deny cache) |
 //! | `axum` | off | [`PeerIp`] and [`ClientIp`] read axum 0.8's `ConnectInfo<SocketAddr>` extension (without it they read a plain `SocketAddr` extension) |
+//! | `metrics` | off | decision counters, tracked keys, wait times and Redis round trips through the `metrics` facade ([guide](guide::observability)) |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
@@ -126,6 +127,8 @@ pub mod extract;
 pub mod guide;
 pub mod layer;
 mod limiter;
+mod log;
+mod metrics;
 mod policy;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -4,6 +4,7 @@
 use crate::clock::{AutoClock, Clock};
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
+use crate::metrics::LimiterMetrics;
 use crate::policy::Policy;
 use crate::ring::{Geometry, Ring, WindowSnapshot};
 use crate::stats::{Counters, KeyUsage, LimiterStats};
@@ -255,6 +256,8 @@ pub struct Limiter<K, C = AutoClock> {
     evicted: AtomicU64,
     overflowed: AtomicU64,
     counters: Counters,
+    /// The same counts, handed to the `metrics` recorder once per bucket width.
+    metrics: LimiterMetrics,
 }
 
 /// Builder for [`Limiter`]: the clock and the key cap.
@@ -308,6 +311,7 @@ impl<C> LimiterBuilder<C> {
                 .next_power_of_two()
                 .clamp(1, MAX_PARTITIONS)
         };
+        let metrics = LimiterMetrics::new(self.policy.name());
         Ok(Limiter {
             overflow: Ring::new(&geometry, now),
             geometry,
@@ -331,6 +335,7 @@ impl<C> LimiterBuilder<C> {
             evicted: AtomicU64::new(0),
             overflowed: AtomicU64::new(0),
             counters: Counters::default(),
+            metrics,
             clock: self.clock,
         })
     }
@@ -442,16 +447,21 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         }
     }
 
-    /// Limiter-wide totals.
+    /// Limiter-wide totals. With the `metrics` feature, reading them also hands
+    /// the counts since the last flush to the recorder (as the limiter does
+    /// once per bucket width).
     pub fn stats(&self) -> LimiterStats {
         let (admitted, rejected) = self.counters.totals();
-        LimiterStats {
+        let stats = LimiterStats {
             admitted,
             rejected,
             keys_tracked: self.keys.load(Relaxed),
             keys_evicted: self.evicted.load(Relaxed),
             overflowed: self.overflowed.load(Relaxed),
-        }
+        };
+        self.metrics
+            .flush(admitted, rejected, stats.overflowed, stats.keys_tracked);
+        stats
     }
 
     /// The policy this limiter enforces.
@@ -739,6 +749,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     fn sweep_step(&self, now: u64) {
         let p = self.sweep_cursor.fetch_add(1, Relaxed) % self.partitions.len();
         self.sweep_partition(p, now);
+        #[cfg(feature = "metrics")]
+        let _ = self.stats(); // hands the counts to the metrics recorder
     }
 
     fn sweep_partition(&self, p: usize, now: u64) -> usize {

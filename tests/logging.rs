@@ -56,3 +56,88 @@ async fn rejections_are_logged_and_keys_only_on_opt_in() {
     let loud = logs_of(true).await;
     assert!(loud.contains("key=\"secret-user-42\""), "{loud}");
 }
+
+/// A store that cannot decide, as Redis failing closed during an outage.
+struct Down(tower_sliding_window::Policy);
+
+impl tower_sliding_window::Store<String> for Down {
+    type Future = std::future::Ready<
+        Result<tower_sliding_window::Decision, tower_sliding_window::StoreError>,
+    >;
+
+    fn check_n(&self, _key: &String, _cost: u32) -> Self::Future {
+        std::future::ready(Err(self.error()))
+    }
+
+    fn check_now(
+        &self,
+        _key: &String,
+        _cost: u32,
+    ) -> Option<Result<tower_sliding_window::Decision, tower_sliding_window::StoreError>> {
+        Some(Err(self.error()))
+    }
+
+    fn undo(&self, _key: &String, _decision: &tower_sliding_window::Decision) {}
+
+    fn policy(&self) -> &tower_sliding_window::Policy {
+        &self.0
+    }
+}
+
+impl Down {
+    fn error(&self) -> tower_sliding_window::StoreError {
+        tower_sliding_window::StoreError::new(
+            tower_sliding_window::StoreErrorKind::ConnectionRefused,
+            Duration::from_secs(1),
+        )
+    }
+}
+
+/// An outage of 20 s at 200 requests a second (4 000 requests) logs about one
+/// warning a second, each saying how many it held back, not one per request.
+#[tokio::test(start_paused = true)]
+async fn an_outage_logs_about_one_warning_a_second() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = SlidingWindowLayer::builder(key_fn(user))
+        .store(Down(policy("p", 100, Duration::from_secs(60))))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    for _ in 0..4_000 {
+        let (status, _) = status(&mut svc, request("u")).await;
+        assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE);
+        tokio::time::advance(Duration::from_millis(5)).await;
+    }
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("store could not decide"))
+        .collect();
+    // One at 0 s, then one a second, the last at 19 s.
+    assert_eq!(warnings.len(), 20, "{logs}");
+    assert!(warnings.iter().all(|w| w.contains("WARN")), "{logs}");
+    assert!(warnings[0].contains("kind=ConnectionRefused"), "{logs}");
+    // Every request up to the last warning (at 19 s, the 3 801st) is accounted
+    // for, logged or held back; the 199 after it are in the stats.
+    let held: u64 = warnings
+        .iter()
+        .map(|w| {
+            let at = w.find("held_back=").expect("held_back") + "held_back=".len();
+            w[at..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(held + warnings.len() as u64, 3_801);
+    assert_eq!(layer.stats().store_errors, 4_000);
+}

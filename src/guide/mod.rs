@@ -8,6 +8,7 @@
 //!   `ConcurrencyLimit`, load shedding, axum's `route_layer`, error mode.
 //! - [`custom_store`]: implementing a [`Store`](crate::Store) of your own.
 //! - [`features`]: the cargo features, and what the `axum` feature reads.
+//! - [`observability`]: the metrics (feature `metrics`), stats and logs.
 //! - [`algorithm`]: the ring of sub-window counters, and why strict mode never
 //!   admits more than the limit in any window, even under races.
 //! - [`waiting`]: how the layer holds a request back instead of rejecting it.
@@ -26,6 +27,10 @@ pub mod features {
 
 pub mod naming {
     #![doc = include_str!("naming.md")]
+}
+
+pub mod observability {
+    #![doc = include_str!("observability.md")]
 }
 
 pub mod ordering {

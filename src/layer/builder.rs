@@ -21,6 +21,8 @@ use crate::extract::{
     Exemption, GlobalExtractor, KeyExtractor, KeyOf, Keyed, RequestCost, WithCost, WithExemption,
 };
 use crate::limiter::Limiter;
+use crate::log::LayerLogs;
+use crate::metrics::LayerMetrics;
 use crate::policy::Policy;
 use crate::store::Store;
 use std::fmt;
@@ -357,6 +359,7 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
             });
         }
         let policy_header = response::policy_header(limits.iter().map(|l| l.store.policy()));
+        let metrics = LayerMetrics::new(limits.iter().map(|l| &*l.name));
         let reserve_key = settings
             .reserve_key
             .filter(|_| hold == Hold::Backpressure && !settings.dry_run);
@@ -374,6 +377,8 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
                 dry_run: settings.dry_run,
                 key_formatter: settings.key_formatter,
                 counters: LayerCounters::default(),
+                metrics,
+                logs: LayerLogs::default(),
                 wait: LayerQueues::new(hold.wait_config()),
                 local,
                 reserve_key,

@@ -196,12 +196,15 @@ where
             let retry_ms = d.retry_after().map(|w| w.as_millis() as u64);
             if shared.dry_run {
                 bump(&shared.counters.dry_run_rejections);
-                match shared.loggable_key(key) {
-                    Some(key) => {
-                        tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, %key, "rate limit (dry run): would reject")
-                    }
-                    None => {
-                        tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit (dry run): would reject")
+                shared.metrics.dry_run_denied();
+                if let Some(held) = shared.logs.dry_run.admit() {
+                    match shared.loggable_key(key) {
+                        Some(key) => {
+                            tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, %key, held_back = held, "rate limit (dry run): would reject")
+                        }
+                        None => {
+                            tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, held_back = held, "rate limit (dry run): would reject")
+                        }
                     }
                 }
                 return Action::Forward(shared.mode.allowed_headers(|| report));
@@ -222,7 +225,9 @@ where
                 debug_assert!(false, "StoreDown names a policy whose store answered");
                 return unanswered(shared, req);
             };
-            tracing::warn!(policy = %shared.limits[i].name, %error, dry_run = shared.dry_run, "rate limit: store could not decide");
+            if let Some(held) = shared.logs.store_down.admit() {
+                tracing::warn!(policy = %shared.limits[i].name, %error, kind = ?error.kind(), dry_run = shared.dry_run, held_back = held, "rate limit: store could not decide");
+            }
             if shared.dry_run {
                 return Action::Forward(None);
             }
@@ -243,7 +248,12 @@ where
     X: Keyed,
     M: RejectionMode<Req, S>,
 {
-    tracing::error!("rate limit: a request was left undecided; rejected (please report this bug)");
+    if let Some(held) = shared.logs.undecided.admit() {
+        tracing::error!(
+            held_back = held,
+            "rate limit: a request was left undecided; rejected (please report this bug)"
+        );
+    }
     let error = StoreError::new(StoreErrorKind::Other, Duration::from_secs(1))
         .with_source("the rate limiter left a request undecided");
     Action::Reject(shared.mode.reject(req, Rejection::StoreUnavailable(&error)))

@@ -185,31 +185,40 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &*self.layer.shared;
         if shared.extractor.is_exempt(&req) {
+            shared.metrics.exempt();
             // Backpressure reserved a unit in poll_ready: not this request's.
             waiting::give_back_reservation(&mut self.ready);
             return ResponseFuture::forwarded(self.inner.call(req));
         }
         let key = match shared.extractor.extract(&req) {
             Some(key) => key,
-            None => match &shared.missing_key {
-                MissingKey::Fallback(key) => key.clone(),
-                MissingKey::Allow => {
-                    // Uncounted: the unit poll_ready reserved is not this request's.
-                    waiting::give_back_reservation(&mut self.ready);
-                    return ResponseFuture::forwarded(self.inner.call(req));
-                }
-                MissingKey::Reject => {
-                    waiting::give_back_reservation(&mut self.ready);
-                    bump(&shared.counters.key_missing);
-                    if shared.dry_run {
-                        tracing::info!("rate limit (dry run): request has no key, would reject");
+            None => {
+                shared.metrics.missing_key();
+                match &shared.missing_key {
+                    MissingKey::Fallback(key) => key.clone(),
+                    MissingKey::Allow => {
+                        // Uncounted: the unit poll_ready reserved is not this request's.
+                        waiting::give_back_reservation(&mut self.ready);
                         return ResponseFuture::forwarded(self.inner.call(req));
                     }
-                    tracing::debug!("rate limit: request has no key, rejected");
-                    let rejection = Rejection::KeyMissing(shared.missing_key_status);
-                    return ResponseFuture::rejected(shared.mode.reject(&req, rejection));
+                    MissingKey::Reject => {
+                        waiting::give_back_reservation(&mut self.ready);
+                        bump(&shared.counters.key_missing);
+                        if shared.dry_run {
+                            if let Some(held) = shared.logs.no_key_dry_run.admit() {
+                                tracing::info!(
+                                    held_back = held,
+                                    "rate limit (dry run): request has no key, would reject"
+                                );
+                            }
+                            return ResponseFuture::forwarded(self.inner.call(req));
+                        }
+                        tracing::debug!("rate limit: request has no key, rejected");
+                        let rejection = Rejection::KeyMissing(shared.missing_key_status);
+                        return ResponseFuture::rejected(shared.mode.reject(&req, rejection));
+                    }
                 }
-            },
+            }
         };
         let cost = shared.extractor.cost(&req);
         if shared.waits() {

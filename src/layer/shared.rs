@@ -6,6 +6,8 @@ use super::waiting::{AsLocal, LayerQueues};
 use crate::decision::Decision;
 use crate::extract::{KeyOf, Keyed};
 use crate::limiter::Limiter;
+use crate::log::LayerLogs;
+use crate::metrics::LayerMetrics;
 use crate::wait::{WaitConfig, WaitStats};
 use http::HeaderValue;
 use std::fmt;
@@ -178,6 +180,10 @@ pub(crate) struct Shared<X: Keyed, St, M> {
     pub(crate) dry_run: bool,
     pub(crate) key_formatter: Option<KeyFormatter<KeyOf<X>>>,
     pub(crate) counters: LayerCounters,
+    /// What the layer does besides deciding, for the `metrics` recorder.
+    pub(crate) metrics: LayerMetrics,
+    /// Events logged per request, each at most once a second.
+    pub(crate) logs: LayerLogs,
     /// The wait queues of `OnLimit::Wait` and backpressure.
     pub(crate) wait: LayerQueues<KeyOf<X>>,
     /// How the waiting modes reach a store as an in-memory limiter: set by the

@@ -237,8 +237,12 @@ where
         None => Waiter::new(Arc::clone(shared), key.clone(), cost),
     };
     if let Some(result) = waiter.take_decided() {
+        if result.is_err() {
+            shared.metrics.wait_rejected();
+        }
         return respond_now(shared, inner, req, &key, result);
     }
+    let started = shared.metrics.wait_started();
     // A clone, readied only once the request is admitted. The instance
     // poll_ready readied is dropped (a fresh clone takes its place), giving back
     // what it reserved, a ConcurrencyLimit permit or a Buffer slot: a waiting
@@ -253,7 +257,10 @@ where
         let (result, failed) = loop {
             let admitted = match (&mut waiter).await {
                 Ok(admitted) => admitted,
-                Err(rejection) => break (Err(rejection), None),
+                Err(rejection) => {
+                    shared.metrics.wait_rejected();
+                    break (Err(rejection), None);
+                }
             };
             // Admitted, but not sent until the inner service is ready: if this
             // future is dropped (or the inner service fails) before the call,
@@ -269,6 +276,7 @@ where
             }
             let admitted = unsent.disarm();
             if shared.is_current(&admitted) {
+                shared.metrics.waited(started);
                 break (Ok(admitted), None);
             }
             // Ready only after its bucket: sent now, the request would count in
