@@ -831,3 +831,81 @@ async fn a_builder_can_be_held_across_an_await_in_a_spawned_task() {
     .unwrap();
     assert_eq!(built.unwrap(), 2);
 }
+
+/// A herd of clients denied at one instant is told to come back over the
+/// spread, never before its cost fits: `Retry-After` (and `t`, and the gRPC
+/// pushback) only ever grow, by at most the spread.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_spread_spreads_a_herd_and_never_shortens_a_wait() {
+    let herd = |spread: Duration| {
+        SlidingWindowLayer::builder(key_fn(user))
+            .policy(policy("p", 1, Duration::from_secs(60)))
+            .retry_after_spread(spread)
+            .build()
+            .unwrap()
+            .layer(ok_service())
+    };
+    let retry_after = |response: &Response<Body>| -> u64 {
+        response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // Without a spread: one admitted, and every denial says 64 s (a window
+    // of 60 s plus one bucket of 4 s).
+    let mut exact = herd(Duration::ZERO);
+    assert_eq!(status(&mut exact, request("a")).await.0, StatusCode::OK);
+    let denied = exact
+        .ready()
+        .await
+        .unwrap()
+        .call(request("a"))
+        .await
+        .unwrap();
+    assert_eq!(retry_after(&denied), 64);
+
+    let mut spread = herd(Duration::from_secs(10));
+    assert_eq!(status(&mut spread, request("a")).await.0, StatusCode::OK);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..500 {
+        let response = spread
+            .ready()
+            .await
+            .unwrap()
+            .call(request("a"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        let wait = retry_after(&response);
+        assert!((64..=74).contains(&wait), "Retry-After {wait}");
+        let field = response.headers()["ratelimit"].to_str().unwrap().to_owned();
+        assert_eq!(field, format!("\"p\";r=0;t={wait}"), "t is Retry-After");
+        seen.insert(wait);
+    }
+    assert!(seen.len() >= 9, "a herd of 500 came back at {seen:?}");
+
+    // gRPC clients get the same spread in their pushback.
+    let grpc = || {
+        Request::builder()
+            .header("x-user", "a")
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap()
+    };
+    let pushback = |response: &Response<Body>| -> u64 {
+        response.headers()["grpc-retry-pushback-ms"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let exact_ms = pushback(&exact.ready().await.unwrap().call(grpc()).await.unwrap());
+    for _ in 0..50 {
+        let ms = pushback(&spread.ready().await.unwrap().call(grpc()).await.unwrap());
+        assert!(
+            (exact_ms..=exact_ms + 10_000).contains(&ms),
+            "{ms} against {exact_ms}"
+        );
+    }
+}

@@ -727,6 +727,33 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
         self
     }
 
+    /// Lengthen the wait a rejection reports (`Retry-After`, the `RateLimit`
+    /// field's `t`, `grpc-retry-pushback-ms`) by a random part of `spread`
+    /// (default none). Clients denied in the same bucket are otherwise told
+    /// the same `Retry-After` and, if they obey it, come back together and
+    /// are denied together again; with a spread of S they come back over S
+    /// (in whole seconds: over S + 1 distinct `Retry-After` values). The wait
+    /// is only ever lengthened: no client is told to come back before its
+    /// cost fits. The limiter's own decision, and the
+    /// [`RateLimited`](crate::RateLimited) of error mode, keep the exact wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
+    ///
+    /// let layer = SlidingWindowLayer::builder(GlobalKey)
+    ///     .policy(Policy::per(100, Duration::from_secs(60))?)
+    ///     .retry_after_spread(Duration::from_secs(10))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tower_sliding_window::ConfigError>(())
+    /// ```
+    pub fn retry_after_spread(mut self, spread: std::time::Duration) -> Self {
+        self.mode.options.retry_after_spread = spread;
+        self.settings.http_rejection = true;
+        self
+    }
+
     /// Legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` (default off).
     /// `X-RateLimit-Reset` is the number of seconds until the window drains,
     /// rounded up, not an epoch timestamp.

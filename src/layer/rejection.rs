@@ -291,7 +291,9 @@ where
     ) -> Result<Response<ResBody>, S::Error> {
         let grpc = response::grpc_content_type(req.headers());
         Ok(match rejection {
-            Rejection::Limited(report, name) => {
+            Rejection::Limited(mut report, name) => {
+                report.decision =
+                    response::spread_wait(report.decision, self.options.retry_after_spread);
                 let headers = RateLimitHeaders::new(&self.options, &report, true);
                 if let Some(content_type) = grpc {
                     return Ok(response::grpc_limited(

@@ -44,6 +44,8 @@ pub(crate) struct HeaderOptions {
     pub(crate) on_allowed: bool,
     /// The status of a request without a key; `None`: the extractor's.
     pub(crate) missing_key_status: Option<StatusCode>,
+    /// The most a rejection's reported wait is lengthened by, at random.
+    pub(crate) retry_after_spread: Duration,
 }
 
 impl Default for HeaderOptions {
@@ -57,6 +59,7 @@ impl Default for HeaderOptions {
             legacy: false,
             on_allowed: false,
             missing_key_status: None,
+            retry_after_spread: Duration::ZERO,
         }
     }
 }
@@ -104,6 +107,44 @@ pub(crate) fn policy_header<'a>(policies: impl Iterator<Item = &'a Policy>) -> H
     // Built from printable ASCII (the names were checked when the layer was
     // built), so the conversion does not fail; an empty value if it ever did.
     HeaderValue::try_from(value).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// `decision` with its wait lengthened by a random part of `spread`: clients
+/// denied at the same instant come back spread out rather than together. Only
+/// ever later than the exact wait, so no client is told to come back before
+/// its cost fits; a cost that can never pass stays as it is.
+pub(crate) fn spread_wait(decision: Decision, spread: Duration) -> Decision {
+    if spread.is_zero() || decision.outcome() != Outcome::Denied {
+        return decision;
+    }
+    let extra = random_below(spread.as_nanos().min(u128::from(u64::MAX)) as u64 + 1);
+    Decision {
+        retry_after_ns: decision.retry_after_ns.saturating_add(extra),
+        ..decision
+    }
+}
+
+/// A number in `0..n` (`n` > 0), from a per-thread xorshift generator seeded
+/// from std's random hasher keys: spread, not secrecy, is what it is for.
+fn random_below(n: u64) -> u64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(0x5eed);
+            h.finish() | 1
+        });
+    }
+    STATE.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        // Multiply-shift: uniform enough for any n below 2^64.
+        ((u128::from(x) * u128::from(n)) >> 64) as u64
+    })
 }
 
 /// What one response reports: a decision of one of the layer's policies.
