@@ -150,7 +150,7 @@ pub use layer::{
     MissingKey, OnLimit, RateLimited, SlidingWindow, SlidingWindowLayer, SlidingWindowLayerBuilder,
 };
 pub use limiter::Limiter;
-pub use policy::{Policy, PolicyBuilder, Precision};
+pub use policy::{Policy, PolicyBuilder, PolicyParseError, Precision};
 pub use store::{Store, StoreError, StoreErrorKind};
 pub use wait::WaitConfig;
 

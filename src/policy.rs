@@ -1,6 +1,9 @@
 //! What a limit is: `limit` units per `window`, cut into `buckets`.
 
 use crate::error::ConfigError;
+use std::error::Error;
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 /// How the sliding window is evaluated.
@@ -130,6 +133,166 @@ impl Policy {
     }
 }
 
+/// Parses the notation people write limits in: `"100/min"`, `"10/s"`,
+/// `"5000/h"`, `"100 per 30s"`, `"20 per 1m30s"`.
+///
+/// The form is `<limit>/<window>` or `<limit> per <window>`. The window is a
+/// unit with an optional count before it: `ms`, `s`/`sec`/`second(s)`,
+/// `m`/`min`/`minute(s)`, `h`/`hr`/`hour(s)`, `d`/`day(s)`, and several may
+/// follow each other (`1h30m`). Case and spaces around the parts do not
+/// matter. The policy gets the defaults ([`Policy::DEFAULT_BUCKETS`] buckets,
+/// strict precision, the name `"default"`); use
+/// [`Policy::builder`] to change those.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{Policy, PolicyParseError};
+///
+/// let p: Policy = "100/min".parse().unwrap();
+/// assert_eq!((p.limit(), p.window()), (100, Duration::from_secs(60)));
+///
+/// let p: Policy = "100 per 30s".parse().unwrap();
+/// assert_eq!((p.limit(), p.window()), (100, Duration::from_secs(30)));
+///
+/// let err = "100/fortnight".parse::<Policy>().unwrap_err();
+/// assert!(matches!(err, PolicyParseError::Window { .. }));
+/// assert!(err.to_string().contains("fortnight"));
+/// ```
+impl FromStr for Policy {
+    type Err = PolicyParseError;
+
+    fn from_str(text: &str) -> Result<Policy, PolicyParseError> {
+        let (limit, window) = split_notation(text).ok_or_else(|| PolicyParseError::Syntax {
+            text: text.to_owned(),
+        })?;
+        let limit = limit.parse::<u32>().map_err(|_| PolicyParseError::Limit {
+            text: limit.to_owned(),
+        })?;
+        let window = parse_window(window).ok_or_else(|| PolicyParseError::Window {
+            text: window.to_owned(),
+        })?;
+        Policy::per(limit, window).map_err(PolicyParseError::Invalid)
+    }
+}
+
+/// `"<limit>/<window>"` or `"<limit> per <window>"`, each part trimmed and non-empty.
+fn split_notation(text: &str) -> Option<(&str, &str)> {
+    let text = text.trim();
+    let (limit, window) = match text.split_once('/') {
+        Some(parts) => parts,
+        None => {
+            let at = text.find(|c: char| !c.is_ascii_digit() && c != '_')?;
+            let (limit, rest) = text.split_at(at);
+            let rest = rest.trim_start();
+            let word = rest.get(..3).filter(|w| w.eq_ignore_ascii_case("per"))?;
+            let window = &rest[word.len()..];
+            // "per" must stand alone: "100 permin" is not the notation.
+            if !window.starts_with(char::is_whitespace) {
+                return None;
+            }
+            (limit, window)
+        }
+    };
+    let (limit, window) = (limit.trim(), window.trim());
+    (!limit.is_empty() && !window.is_empty()).then_some((limit, window))
+}
+
+/// A sum of `[count]unit` terms: `"min"`, `"30s"`, `"1h30m"`, `"2 days"`.
+fn parse_window(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let count = match digits {
+            0 => 1,
+            n => rest[..n].parse::<u64>().ok()?,
+        };
+        rest = rest[digits..].trim_start();
+        let letters = rest
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(rest.len());
+        let unit = unit_nanos(&rest[..letters])?;
+        rest = rest[letters..].trim_start();
+        let nanos = count.checked_mul(unit)?;
+        total = total.checked_add(Duration::from_nanos(nanos))?;
+    }
+    Some(total)
+}
+
+fn unit_nanos(unit: &str) -> Option<u64> {
+    const SECOND: u64 = 1_000_000_000;
+    let unit = unit.to_ascii_lowercase();
+    Some(match unit.as_str() {
+        "ms" | "millis" | "millisecond" | "milliseconds" => 1_000_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => SECOND,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60 * SECOND,
+        "h" | "hr" | "hrs" | "hour" | "hours" => 3600 * SECOND,
+        "d" | "day" | "days" => 86_400 * SECOND,
+        _ => return None,
+    })
+}
+
+/// Why a policy's text notation was rejected; see [`Policy`]'s `FromStr`.
+///
+/// Each variant keeps the part of the text at fault, so the message can
+/// point at it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PolicyParseError {
+    /// The text is not `<limit>/<window>` or `<limit> per <window>`.
+    Syntax {
+        /// The whole text.
+        text: String,
+    },
+    /// The limit is not a whole number that fits in 32 bits.
+    Limit {
+        /// The limit part.
+        text: String,
+    },
+    /// The window is not a sum of `[count]unit` terms with a known unit, or
+    /// it overflows.
+    Window {
+        /// The window part.
+        text: String,
+    },
+    /// The notation parsed but the policy is invalid (a zero limit or
+    /// window, a window too long, ...).
+    Invalid(ConfigError),
+}
+
+impl fmt::Display for PolicyParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const FORMS: &str = "write e.g. \"100/min\", \"10/s\", \"5000/h\" or \"100 per 30s\"";
+        match self {
+            PolicyParseError::Syntax { text } => {
+                write!(f, "{text:?} is not a rate limit; {FORMS}")
+            }
+            PolicyParseError::Limit { text } => write!(
+                f,
+                "limit {text:?} is not a whole number from 1 to {}",
+                u32::MAX
+            ),
+            PolicyParseError::Window { text } => write!(
+                f,
+                "window {text:?} is not a duration; use units ms, s, min, h or d \
+                 with an optional count (\"30s\", \"1h30m\")"
+            ),
+            PolicyParseError::Invalid(err) => write!(f, "invalid rate limit: {err}"),
+        }
+    }
+}
+
+impl Error for PolicyParseError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            PolicyParseError::Invalid(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
 /// Builder for [`Policy`]; [`build`](PolicyBuilder::build) validates.
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` makes the policy"]
@@ -252,6 +415,84 @@ mod tests {
             Err(ConfigError::BucketBelowClockResolution { .. })
         ));
         assert!(ok().build().is_ok());
+    }
+
+    #[test]
+    fn parses_the_notation_people_write() {
+        let cases: &[(&str, u32, u64)] = &[
+            ("100/min", 100, 60),
+            ("10/s", 10, 1),
+            ("5000/h", 5000, 3600),
+            ("100 per 30s", 100, 30),
+            ("  20 / minute ", 20, 60),
+            ("7 PER 2 Hours", 7, 7200),
+            ("1/d", 1, 86_400),
+            ("3 per 1h30m", 3, 5400),
+            ("3/1h 30m", 3, 5400),
+            ("4/15sec", 4, 15),
+        ];
+        for &(text, limit, secs) in cases {
+            let p: Policy = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(p.limit(), limit, "{text}");
+            assert_eq!(p.window(), Duration::from_secs(secs), "{text}");
+            assert_eq!(p.buckets(), Policy::DEFAULT_BUCKETS);
+        }
+        let p: Policy = "50/250ms".parse().unwrap();
+        assert_eq!(p.window(), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn names_the_part_at_fault() {
+        let err = |text: &str| text.parse::<Policy>().unwrap_err();
+        for text in [
+            "",
+            "100",
+            "per 30s",
+            "/min",
+            "100/",
+            "100 permin",
+            "100 each min",
+        ] {
+            assert!(
+                matches!(err(text), PolicyParseError::Syntax { .. }),
+                "{text:?}: {:?}",
+                err(text)
+            );
+        }
+        for text in ["ten/min", "-1/min", "1.5/s", "4294967296/s"] {
+            assert!(
+                matches!(err(text), PolicyParseError::Limit { .. }),
+                "{text:?}: {:?}",
+                err(text)
+            );
+        }
+        for text in [
+            "1/fortnight",
+            "1/30",
+            "1/1.5s",
+            "1/s-",
+            "1/99999999999999999999s",
+        ] {
+            assert!(
+                matches!(err(text), PolicyParseError::Window { .. }),
+                "{text:?}: {:?}",
+                err(text)
+            );
+        }
+        assert!(matches!(
+            err("0/min"),
+            PolicyParseError::Invalid(ConfigError::ZeroLimit)
+        ));
+        assert!(matches!(
+            err("1/0s"),
+            PolicyParseError::Invalid(ConfigError::ZeroWindow)
+        ));
+        assert!(matches!(
+            err("1/60000d"),
+            PolicyParseError::Invalid(ConfigError::WindowTooLong { .. })
+        ));
+        assert!(err("1/fortnight").to_string().contains("\"fortnight\""));
+        assert!(err("0/min").source().is_some());
     }
 
     #[test]
