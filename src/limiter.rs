@@ -9,7 +9,7 @@ use crate::ring::{Geometry, Ring, WindowSnapshot};
 use crate::stats::{Counters, KeyUsage, LimiterStats};
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 type Hasher = foldhash::fast::RandomState;
 /// Key -> ring. Lock-free reads: a check takes no lock, and idle rings are
@@ -218,6 +218,11 @@ const OVERFLOW_MARKS: usize = 1024;
 /// assert!(limiter.check(&"10.0.0.1").is_allowed());
 /// ```
 pub struct Limiter<K, C = AutoClock> {
+    state: Arc<State<K, C>>,
+}
+
+/// A limiter's keys, rings and settings, behind the [`Limiter`] handle.
+struct State<K, C> {
     geometry: Geometry,
     policy: Policy,
     clock: C,
@@ -308,7 +313,7 @@ impl<C> LimiterBuilder<C> {
                 .next_power_of_two()
                 .clamp(1, MAX_PARTITIONS)
         };
-        Ok(Limiter {
+        let state = State {
             overflow: Ring::new(&geometry, now),
             geometry,
             policy: self.policy,
@@ -332,6 +337,9 @@ impl<C> LimiterBuilder<C> {
             overflowed: AtomicU64::new(0),
             counters: Counters::default(),
             clock: self.clock,
+        };
+        Ok(Limiter {
+            state: Arc::new(state),
         })
     }
 }
@@ -370,12 +378,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// Check `cost` units for `key`, counting them if they fit. A cost above the
     /// limit is [`Outcome::CostExceedsLimit`](crate::Outcome::CostExceedsLimit):
     /// it can never pass, so it is not a wait.
+    #[inline]
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
-        let now = self.now();
-        let decision = self.decide(key, cost, now);
-        self.counters.record(decision.is_allowed());
-        self.maybe_sweep(now);
-        decision
+        self.state.check_n(key, cost)
     }
 
     /// What `check_n(key, cost)` would decide now, without counting anything.
@@ -385,21 +390,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// room, track the key; `peek` changes nothing, so it reports what the
     /// overflow ring would decide.
     pub fn peek(&self, key: &K, cost: u32) -> Decision {
-        let now = self.now();
-        let g = &self.geometry;
-        let fits = if cost > g.limit() { 0 } else { cost };
-        let decision = self.with_ring(key, |ring| match ring {
-            Ok(ring) => ring.peek(g, now, fits),
-            Err(key) => self.peek_untracked(key, now, fits),
-        });
-        if cost > g.limit() {
-            let mut exceeds =
-                Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset());
-            exceeds.overflow = decision.overflow;
-            exceeds
-        } else {
-            decision
-        }
+        self.state.peek(key, cost)
     }
 
     /// Give back the units an allowed `decision` for `key` counted: for a request
@@ -419,16 +410,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// still hold, and then more than the limit can pass in a window (for an
     /// overflow decision, room other keys in the shared overflow ring hold).
     pub fn undo(&self, key: &K, decision: &Decision) {
-        let g = &self.geometry;
-        if decision.overflow {
-            self.overflow.undo(g, decision);
-        } else {
-            self.with_ring(key, |ring| {
-                if let Ok(ring) = ring {
-                    ring.undo(g, decision);
-                }
-            });
-        }
+        self.state.undo(key, decision)
     }
 
     /// The key's usage right now (nothing counted).
@@ -444,33 +426,23 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 
     /// Limiter-wide totals.
     pub fn stats(&self) -> LimiterStats {
-        let (admitted, rejected) = self.counters.totals();
-        LimiterStats {
-            admitted,
-            rejected,
-            keys_tracked: self.keys.load(Relaxed),
-            keys_evicted: self.evicted.load(Relaxed),
-            overflowed: self.overflowed.load(Relaxed),
-        }
+        self.state.stats()
     }
 
     /// The policy this limiter enforces.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        self.state.policy()
     }
 
     /// The limiter's clock.
     pub fn clock(&self) -> &C {
-        &self.clock
+        self.state.clock()
     }
 
     /// Sweep every partition for idle keys now. Never needed for correctness or
     /// memory (the limiter sweeps by itself); useful before reading stats.
     pub fn evict_idle(&self) -> usize {
-        let now = self.now();
-        (0..self.partitions.len())
-            .map(|p| self.sweep_partition(p, now))
-            .sum()
+        self.state.evict_idle()
     }
 
     /// The key's window now, bucket by bucket, for the wait queue's forecast.
@@ -481,6 +453,83 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// as a copy) the overflow ring's window is the one its checks meet; else
     /// an empty window starting no earlier than the latest sweep.
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
+        self.state.window_snapshot(key)
+    }
+
+    /// True while an admitted `decision` was counted in the current bucket, so
+    /// spending it now keeps the window guarantee for the instant it is spent.
+    pub(crate) fn is_current(&self, decision: &Decision) -> bool {
+        self.state.is_current(decision)
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
+    fn check_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.now();
+        let decision = self.decide(key, cost, now);
+        self.counters.record(decision.is_allowed());
+        self.maybe_sweep(now);
+        decision
+    }
+
+    fn peek(&self, key: &K, cost: u32) -> Decision {
+        let now = self.now();
+        let g = &self.geometry;
+        let fits = if cost > g.limit() { 0 } else { cost };
+        let decision = self.with_ring(key, |ring| match ring {
+            Ok(ring) => ring.peek(g, now, fits),
+            Err(key) => self.peek_untracked(key, now, fits),
+        });
+        if cost > g.limit() {
+            let mut exceeds =
+                Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset());
+            exceeds.overflow = decision.overflow;
+            exceeds
+        } else {
+            decision
+        }
+    }
+
+    fn undo(&self, key: &K, decision: &Decision) {
+        let g = &self.geometry;
+        if decision.overflow {
+            self.overflow.undo(g, decision);
+        } else {
+            self.with_ring(key, |ring| {
+                if let Ok(ring) = ring {
+                    ring.undo(g, decision);
+                }
+            });
+        }
+    }
+
+    fn stats(&self) -> LimiterStats {
+        let (admitted, rejected) = self.counters.totals();
+        LimiterStats {
+            admitted,
+            rejected,
+            keys_tracked: self.keys.load(Relaxed),
+            keys_evicted: self.evicted.load(Relaxed),
+            overflowed: self.overflowed.load(Relaxed),
+        }
+    }
+
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    fn evict_idle(&self) -> usize {
+        let now = self.now();
+        (0..self.partitions.len())
+            .map(|p| self.sweep_partition(p, now))
+            .sum()
+    }
+
+    fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
         let now = self.now();
         let (slot, counts) = self.with_ring(key, |ring| match ring {
@@ -504,9 +553,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         }
     }
 
-    /// True while an admitted `decision` was counted in the current bucket, so
-    /// spending it now keeps the window guarantee for the instant it is spent.
-    pub(crate) fn is_current(&self, decision: &Decision) -> bool {
+    fn is_current(&self, decision: &Decision) -> bool {
         decision.slot >= self.geometry.slot(self.now())
     }
 
@@ -784,10 +831,11 @@ fn next_slot_start(now: u64, bucket_nanos: u64) -> u64 {
 
 impl<K, C> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = &self.state;
         f.debug_struct("Limiter")
-            .field("policy", &self.policy)
-            .field("max_keys", &self.max_keys)
-            .field("keys_tracked", &self.keys.load(Relaxed))
+            .field("policy", &state.policy)
+            .field("max_keys", &state.max_keys)
+            .field("keys_tracked", &state.keys.load(Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -819,10 +867,10 @@ mod tests {
         for k in keys.clone() {
             let _ = l.check(&k);
         }
-        let map = l.partitions[0].map.pin();
+        let map = l.state.partitions[0].map.pin();
         let mut live: Vec<(usize, usize)> = keys
             .map(|k| {
-                let ring = &**map.get(&l.lookup(&k)).unwrap() as *const Ring as usize;
+                let ring = &**map.get(&l.state.lookup(&k)).unwrap() as *const Ring as usize;
                 (ring - 8, ring + std::mem::size_of::<Ring>() - 1)
             })
             .collect();
@@ -845,7 +893,7 @@ mod tests {
                 .clock(clock.clone())
                 .build()
                 .unwrap();
-        assert_eq!(l.partitions.len(), 1);
+        assert_eq!(l.state.partitions.len(), 1);
         assert_eq!(l.stats().keys_tracked, 1);
         assert!(l.check(&()).is_allowed());
         let second = l.check(&());
@@ -856,7 +904,7 @@ mod tests {
         l.undo(&(), &second);
         assert_eq!(l.usage(&()).used, 1);
         assert!(l.check(&()).is_allowed());
-        assert!(l.partitions[0].map.is_empty());
+        assert!(l.state.partitions[0].map.is_empty());
         // Idle for a minute: no sweep drops it, and its window has emptied.
         clock.advance(Duration::from_secs(60));
         assert_eq!(l.evict_idle(), 0);
@@ -872,7 +920,7 @@ mod tests {
         // 256 partitions: the hash picks the partition and, passed on, the
         // map's slot; every key must be found again, and only its own units.
         let (l, _) = limiter(3, 1 << 20);
-        assert_eq!(l.partitions.len(), MAX_PARTITIONS);
+        assert_eq!(l.state.partitions.len(), MAX_PARTITIONS);
         let keys = 0..20_000u64;
         for k in keys.clone() {
             for _ in 0..=(k % 3) {
@@ -880,7 +928,12 @@ mod tests {
             }
         }
         assert_eq!(l.stats().keys_tracked, 20_000);
-        let used = l.partitions.iter().filter(|p| !p.map.is_empty()).count();
+        let used = l
+            .state
+            .partitions
+            .iter()
+            .filter(|p| !p.map.is_empty())
+            .count();
         assert!(used > MAX_PARTITIONS * 9 / 10, "{used} partitions in use");
         for k in keys {
             assert_eq!(l.usage(&k).used, (k % 3 + 1) as u32, "key {k}");
@@ -906,7 +959,7 @@ mod tests {
         assert_eq!(l.stats().keys_tracked, 10_000);
         clock.advance(Duration::from_secs(2));
         // Only one hot key keeps checking; each bucket width it sweeps one partition.
-        for _ in 0..l.partitions.len() {
+        for _ in 0..l.state.partitions.len() {
             clock.advance(Duration::from_millis(70));
             let _ = l.check(&u64::MAX);
         }
@@ -1062,20 +1115,20 @@ mod tests {
         let (l, clock) = limiter(1_000, 1);
         assert!(l.check(&0).is_allowed());
         clock.set(100_000_000);
-        let sweeps_before = l.sweep_cursor.load(Relaxed);
+        let sweeps_before = l.state.sweep_cursor.load(Relaxed);
         for key in 1..=1_000 {
             let _ = l.check(&key);
         }
         // One sweep for the new bucket (`maybe_sweep`) and one by the first new
         // key at the cap, not one per new key.
-        assert!(l.sweep_cursor.load(Relaxed) - sweeps_before <= 2);
+        assert!(l.state.sweep_cursor.load(Relaxed) - sweeps_before <= 2);
         assert_eq!(l.stats().overflowed, 1_000);
         // In the next bucket, the first new key may sweep again.
         clock.set(200_000_000);
-        let before = l.sweep_cursor.load(Relaxed);
+        let before = l.state.sweep_cursor.load(Relaxed);
         let _ = l.check(&5_000);
         let _ = l.check(&5_001);
-        assert_eq!(l.sweep_cursor.load(Relaxed) - before, 2);
+        assert_eq!(l.state.sweep_cursor.load(Relaxed) - before, 2);
     }
 
     #[test]
@@ -1196,7 +1249,7 @@ mod tests {
         clock.set(secs(10.5));
         let again = l.check_n(&1, 2);
         assert!(again.is_allowed());
-        assert!(again.recorded_slot() >= l.geometry.slot(secs(13.0)));
+        assert!(again.recorded_slot() >= l.state.geometry.slot(secs(13.0)));
         // Times still count from the clock's reading.
         assert!(again.reset() > Duration::from_millis(2500), "{again:?}");
         assert!(!l.check(&1).is_allowed());
@@ -1252,7 +1305,7 @@ mod tests {
         // Another untracked key only asks (cost 0): nothing is counted for it.
         let key = (3..)
             .find(|k| {
-                let mark = |k| l.overflow_mark(&l.lookup(k));
+                let mark = |k| l.state.overflow_mark(&l.state.lookup(k));
                 !std::ptr::eq(mark(k), mark(&2))
             })
             .unwrap();
