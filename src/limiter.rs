@@ -1,7 +1,7 @@
 //! The keyed limiter: a concurrent map from key to [`Ring`], with idle keys
 //! evicted on the request path and a hard cap on how many keys are tracked.
 
-use crate::clock::{AutoClock, Clock};
+use crate::clock::{saturating_nanos, AutoClock, Clock};
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::policy::Policy;
@@ -9,7 +9,10 @@ use crate::ring::{Geometry, Ring, WindowSnapshot};
 use crate::stats::{Counters, KeyUsage, LimiterStats};
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use tokio::task::AbortHandle;
+use tokio::time::{Interval, MissedTickBehavior};
 
 type Hasher = foldhash::fast::RandomState;
 /// Key -> ring. Lock-free reads: a check takes no lock, and idle rings are
@@ -167,7 +170,12 @@ const OVERFLOW_MARKS: usize = 1024;
 /// [`Precision`](crate::Precision) for the guarantee). Keys are created on first
 /// use and dropped once idle (all their buckets expired), by the limiter itself:
 /// one check per bucket width sweeps one partition of the map, so no request ever
-/// pays for a full sweep and no background task is needed. A key type with one
+/// pays for a full sweep. Checks alone leave idle keys in place once traffic
+/// stops: after a flood of one-off keys, the last of them waits for as many
+/// later bucket widths with a check as there are partitions (up to 256).
+/// [`LimiterBuilder::sweep_idle`] adds a tokio task that sweeps every
+/// partition once per bucket width, so idle keys are gone within a window and
+/// a bucket of their last use, with no traffic at all. A key type with one
 /// value (zero-sized, such as `()`, the key of [`GlobalKey`](crate::GlobalKey))
 /// has one ring, outside the map, for the limiter's life: its check neither
 /// hashes nor looks up, and it counts as one tracked key from the start.
@@ -219,6 +227,9 @@ const OVERFLOW_MARKS: usize = 1024;
 /// ```
 pub struct Limiter<K, C = AutoClock> {
     state: Arc<State<K, C>>,
+    /// The background sweeper ([`LimiterBuilder::sweep_idle`]), aborted on drop
+    /// so that it ends at once; it holds the state only weakly in any case.
+    sweeper: Option<AbortHandle>,
 }
 
 /// A limiter's keys, rings and settings, behind the [`Limiter`] handle.
@@ -260,15 +271,19 @@ struct State<K, C> {
     evicted: AtomicU64,
     overflowed: AtomicU64,
     counters: Counters,
+    /// Rounds the background sweeper has finished, for tests to wait on.
+    #[cfg(test)]
+    sweeper_rounds: AtomicU64,
 }
 
-/// Builder for [`Limiter`]: the clock and the key cap.
+/// Builder for [`Limiter`]: the clock, the key cap and the background sweeper.
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` makes the limiter"]
 pub struct LimiterBuilder<C> {
     policy: Policy,
     clock: C,
     max_keys: usize,
+    sweep_every: Option<Duration>,
 }
 
 impl<C> LimiterBuilder<C> {
@@ -278,6 +293,7 @@ impl<C> LimiterBuilder<C> {
             policy: self.policy,
             clock,
             max_keys: self.max_keys,
+            sweep_every: self.sweep_every,
         }
     }
 
@@ -287,11 +303,90 @@ impl<C> LimiterBuilder<C> {
         self
     }
 
-    /// Validate against the clock and build.
-    pub fn build<K: Hash + Eq + Clone>(self) -> Result<Limiter<K, C>, ConfigError>
+    /// Also sweep idle keys from a tokio task, once every bucket width (the
+    /// policy's window / buckets), with or without traffic: see
+    /// [`sweep_idle_every`](Self::sweep_idle_every), which this calls with the
+    /// bucket width. Off by default.
+    ///
+    /// Checks sweep by themselves, one partition per bucket width, so they
+    /// keep up with a steady stream of keys; but keys left by a flood with no
+    /// traffic after it stay until later checks (or [`Limiter::evict_idle`])
+    /// reach them. With this, a key is gone within a window and a bucket of its
+    /// last unit (plus tokio's 1 ms timer tick), whatever the traffic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{Limiter, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_sliding_window::ConfigError> {
+    /// // Inside a tokio runtime: the sweeper is a task on it.
+    /// let limiter: Limiter<String> =
+    ///     Limiter::builder(Policy::per(100, Duration::from_secs(60))?)
+    ///         .sweep_idle()
+    ///         .build()?;
+    /// # let _ = limiter;
+    /// # Ok(()) }
+    /// ```
+    pub fn sweep_idle(self) -> Self {
+        let every = self.policy.bucket_width();
+        self.sweep_idle_every(every)
+    }
+
+    /// Also sweep idle keys from a tokio task, once every `every` (off by
+    /// default; [`sweep_idle`](Self::sweep_idle) picks the bucket width).
+    ///
+    /// [`build`](Self::build) spawns the task on the current tokio runtime, so
+    /// it must be called inside one, with time enabled (as in `#[tokio::main]`
+    /// and `#[tokio::test]`); outside one it returns
+    /// [`ConfigError::NoRuntime`], and a zero `every` is
+    /// [`ConfigError::ZeroSweepPeriod`]. The task holds the limiter's state
+    /// only weakly: it never keeps the limiter alive, and it ends when the
+    /// limiter is dropped (a layer's limiters: when the layer and every
+    /// service made from it are dropped).
+    ///
+    /// Each round visits every partition of the map in turn (as
+    /// [`Limiter::evict_idle`] does) and yields to the runtime between
+    /// partitions, so a round never holds a worker for longer than one
+    /// partition's sweep (about 1/256 of the keys at a cap of 1M; fewer keys
+    /// per partition at lower caps). A round visits every tracked key, idle or
+    /// not, so its cost grows with the keys tracked: a period of a bucket width
+    /// suits caps up to some 100 000 keys; a cap of millions may want a longer
+    /// one (`benches/README.md` has figures). A sweep never evicts a key that
+    /// holds units in its window.
+    ///
+    /// **Time:** rounds fall on tokio's clock, every `every`; whether a key is
+    /// idle is judged by the limiter's clock, read at each partition. The two
+    /// agree for the default [`AutoClock`] (on tokio's clock in a paused
+    /// runtime, so `tokio::time::advance` drives both) and for the monotonic
+    /// clocks, and rounds are then aligned to the limiter's buckets, so a round
+    /// falls just as keys turn idle. With a
+    /// [`ManualClock`](crate::ManualClock) (or any clock that does not follow
+    /// tokio's), rounds still run every `every` of tokio time, and evict only
+    /// the keys idle by the reading of the limiter's clock.
+    pub fn sweep_idle_every(mut self, every: Duration) -> Self {
+        self.sweep_every = Some(every);
+        self
+    }
+
+    /// Validate against the clock and build; with a sweeper, spawn it on the
+    /// current tokio runtime ([`sweep_idle_every`](Self::sweep_idle_every)).
+    ///
+    /// Keys are `Send + Sync + 'static`, as a sweeper task needs them (and as
+    /// a tower layer's do).
+    pub fn build<K: Hash + Eq + Clone + Send + Sync + 'static>(
+        self,
+    ) -> Result<Limiter<K, C>, ConfigError>
     where
         C: Clock,
     {
+        let sweep = match self.sweep_every {
+            None => None,
+            Some(every) if every.is_zero() => return Err(ConfigError::ZeroSweepPeriod),
+            Some(every) => Some((
+                tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?,
+                every,
+            )),
+        };
         let resolution = self.clock.resolution();
         if self.policy.bucket_width() < resolution {
             return Err(ConfigError::BucketBelowClockResolution {
@@ -337,14 +432,72 @@ impl<C> LimiterBuilder<C> {
             overflowed: AtomicU64::new(0),
             counters: Counters::default(),
             clock: self.clock,
+            #[cfg(test)]
+            sweeper_rounds: AtomicU64::new(0),
         };
-        Ok(Limiter {
-            state: Arc::new(state),
-        })
+        let state = Arc::new(state);
+        // A key type with one value has no map to sweep.
+        let sweeper = sweep
+            .filter(|_| state.single.is_none())
+            .map(|(runtime, every)| {
+                // The first round at the next multiple of `every` on the limiter's
+                // clock: with a period of a bucket width, rounds fall where keys
+                // turn idle, not up to a period after. Made here, in the runtime's
+                // context: a runtime without timers panics here, not in the task.
+                let every_ns = saturating_nanos(every);
+                let first = Duration::from_nanos(every_ns - now % every_ns);
+                let mut rounds =
+                    tokio::time::interval_at(tokio::time::Instant::now() + first, every);
+                // A late round (a slow sweep, a busy runtime) keeps the alignment.
+                rounds.set_missed_tick_behavior(MissedTickBehavior::Skip);
+                runtime
+                    .spawn(sweep_idle(Arc::downgrade(&state), rounds))
+                    .abort_handle()
+            });
+        Ok(Limiter { state, sweeper })
     }
 }
 
-impl<K: Hash + Eq + Clone> Limiter<K, AutoClock> {
+/// The background sweeper: each round sweeps every partition with keys,
+/// yielding between them. It upgrades its `Weak` for one partition at a time,
+/// so it never holds the state while it waits, and returns once the state is
+/// gone.
+async fn sweep_idle<K, C>(state: Weak<State<K, C>>, mut rounds: Interval)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    loop {
+        rounds.tick().await;
+        for p in 0.. {
+            let Some(state) = state.upgrade() else {
+                return;
+            };
+            if p == state.partitions.len() {
+                #[cfg(test)]
+                state.sweeper_rounds.fetch_add(1, SeqCst);
+                break;
+            }
+            // An empty map costs nothing to skip (a sweep would still walk
+            // its table, which keeps the capacity its keys once needed).
+            if !state.partitions[p].map.is_empty() {
+                state.sweep_partition(p, state.now());
+                drop(state);
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+impl<K, C> Drop for Limiter<K, C> {
+    fn drop(&mut self) {
+        if let Some(sweeper) = &self.sweeper {
+            sweeper.abort();
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K, AutoClock> {
     /// A limiter on the default clock ([`AutoClock`]) with the default key cap.
     pub fn new(policy: Policy) -> Result<Self, ConfigError> {
         Limiter::builder(policy).build()
@@ -361,6 +514,7 @@ impl Limiter<(), AutoClock> {
             clock: AutoClock::for_bucket(policy.bucket_width()),
             policy,
             max_keys: Limiter::DEFAULT_MAX_KEYS,
+            sweep_every: None,
         }
     }
 
@@ -439,8 +593,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         self.state.clock()
     }
 
-    /// Sweep every partition for idle keys now. Never needed for correctness or
-    /// memory (the limiter sweeps by itself); useful before reading stats.
+    /// Sweep every partition for idle keys now, returning how many were
+    /// dropped. Never needed for correctness (an idle key's ring counts
+    /// nothing), and checks sweep by themselves; useful before reading stats,
+    /// or to drop the keys a flood left on a schedule of your own (which
+    /// [`LimiterBuilder::sweep_idle`] does from a tokio task).
     pub fn evict_idle(&self) -> usize {
         self.state.evict_idle()
     }
@@ -1361,5 +1518,174 @@ mod tests {
         let never = l.check_n(&4, 2);
         assert_eq!(never.outcome(), Outcome::CostExceedsLimit);
         assert!(never.is_overflow(), "{never:?}");
+    }
+}
+
+#[cfg(test)]
+impl<K, C> Limiter<K, C> {
+    /// Rounds the background sweeper has finished.
+    pub(crate) fn sweeper_rounds(&self) -> u64 {
+        self.state.sweeper_rounds.load(SeqCst)
+    }
+
+    /// Yield to the runtime until the sweeper has finished `rounds` rounds in
+    /// all. Yielding does not move paused time: the rounds waited for ran at
+    /// the instant the test advanced to.
+    pub(crate) async fn sweeper_finished(&self, rounds: u64) {
+        for _ in 0..100_000 {
+            if self.sweeper_rounds() >= rounds {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!(
+            "the sweeper finished {} of {rounds} rounds",
+            self.sweeper_rounds()
+        );
+    }
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod sweeper_tests {
+    use super::*;
+    use crate::ManualClock;
+    use tokio::time::{advance, Instant};
+
+    /// 1 s in 10 buckets of 100 ms: bucket starts fall on tokio's 1 ms ticks.
+    fn policy(limit: u32) -> Policy {
+        Policy::builder()
+            .limit(limit)
+            .window(Duration::from_secs(1))
+            .buckets(10)
+            .build()
+            .unwrap()
+    }
+
+    fn alive_tasks() -> usize {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_idle_keys_is_gone_within_a_window_and_a_bucket_without_traffic() {
+        let l: Limiter<u64> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        assert_eq!(l.clock().source(), crate::clock::TimeSource::Tokio);
+        let start = Instant::now();
+        for k in 0..100_000 {
+            assert!(l.check(&k).is_allowed());
+        }
+        assert_eq!(l.stats().keys_tracked, 100_000);
+        // Every unit counts through slot 10 (up to 1.1 s): a round within it
+        // keeps every key.
+        advance(Duration::from_millis(1099)).await;
+        l.sweeper_finished(1).await;
+        assert_eq!(l.stats().keys_tracked, 100_000);
+        // The round at 1.1 s, the start of slot 11, drops them all.
+        advance(Duration::from_millis(1)).await;
+        l.sweeper_finished(2).await;
+        let stats = l.stats();
+        assert_eq!((stats.keys_tracked, stats.keys_evicted), (0, 100_000));
+        assert_eq!(start.elapsed(), Duration::from_millis(1100));
+        assert!(l.state.partitions.iter().all(|p| p.map.is_empty()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_used_just_before_a_round_keeps_its_count() {
+        let l: Limiter<u64> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        for k in 0..1_000 {
+            let _ = l.check(&k);
+        }
+        // Half a bucket before the round that drops the flood, key 7 000 uses
+        // its whole limit.
+        advance(Duration::from_millis(1050)).await;
+        assert!(l.check_n(&7_000, 3).is_allowed());
+        let rounds = l.sweeper_rounds();
+        advance(Duration::from_millis(50)).await;
+        l.sweeper_finished(rounds + 1).await;
+        assert_eq!(l.stats().keys_tracked, 1);
+        assert_eq!(l.usage(&7_000).used, 3);
+        assert!(!l.peek(&7_000, 1).is_allowed());
+        // It goes once its units have left the window: at the start of slot 21.
+        let rounds = l.sweeper_rounds();
+        advance(Duration::from_millis(999)).await;
+        l.sweeper_finished(rounds + 1).await;
+        assert_eq!(l.stats().keys_tracked, 1);
+        advance(Duration::from_millis(1)).await;
+        l.sweeper_finished(rounds + 2).await;
+        assert_eq!(l.stats().keys_tracked, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeper_holds_the_limiter_weakly_and_ends_with_it() {
+        let l: Limiter<Arc<u64>> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        assert_eq!(alive_tasks(), 1);
+        let key = Arc::new(7);
+        assert!(l.check(&key).is_allowed());
+        assert_eq!(Arc::strong_count(&key), 2, "the map holds a clone");
+        advance(Duration::from_millis(250)).await;
+        l.sweeper_finished(1).await;
+        // The sweeper waits for its next round holding no strong reference:
+        // dropping the limiter drops its keys at once.
+        drop(l);
+        assert_eq!(Arc::strong_count(&key), 1);
+        for _ in 0..100 {
+            if alive_tasks() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(alive_tasks(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_type_with_one_value_has_no_sweeper() {
+        let l: Limiter<()> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        assert!(l.check(&()).is_allowed());
+        assert_eq!(alive_tasks(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_manual_clock_rounds_follow_tokio_and_idleness_the_clock() {
+        let clock = ManualClock::new();
+        let l: Limiter<u64, ManualClock> = Limiter::builder(policy(3))
+            .clock(clock.clone())
+            .sweep_idle_every(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        for k in 0..1_000 {
+            let _ = l.check(&k);
+        }
+        // A minute of tokio time, in rounds every 100 ms: the limiter's clock
+        // has not moved, so no key is idle.
+        for round in 1..=600 {
+            advance(Duration::from_millis(100)).await;
+            l.sweeper_finished(round).await;
+        }
+        assert_eq!(l.stats().keys_tracked, 1_000);
+        // Once the limiter's clock has moved past the keys' window, the next
+        // round drops them.
+        clock.advance(Duration::from_millis(1100));
+        assert_eq!(l.stats().keys_tracked, 1_000);
+        advance(Duration::from_millis(100)).await;
+        l.sweeper_finished(601).await;
+        assert_eq!(l.stats().keys_tracked, 0);
+    }
+
+    #[test]
+    fn a_sweeper_outside_a_runtime_is_a_config_error() {
+        let built: Result<Limiter<u64>, _> = Limiter::builder(policy(3)).sweep_idle().build();
+        assert!(matches!(built, Err(ConfigError::NoRuntime)));
+        // Without a sweeper, no runtime is needed.
+        let built: Result<Limiter<u64>, _> = Limiter::builder(policy(3)).build();
+        assert!(built.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_zero_sweep_period_is_a_config_error() {
+        let built: Result<Limiter<u64>, _> = Limiter::builder(policy(3))
+            .sweep_idle_every(Duration::ZERO)
+            .build();
+        assert!(matches!(built, Err(ConfigError::ZeroSweepPeriod)));
     }
 }
