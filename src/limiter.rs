@@ -312,7 +312,8 @@ impl<C> LimiterBuilder<C> {
     /// keep up with a steady stream of keys; but keys left by a flood with no
     /// traffic after it stay until later checks (or [`Limiter::evict_idle`])
     /// reach them. With this, a key is gone within a window and a bucket of its
-    /// last unit (plus tokio's 1 ms timer tick), whatever the traffic.
+    /// last check (plus tokio's 1 ms timer tick, and the coarse clock's tick
+    /// where the limiter reads it), whatever the traffic.
     ///
     /// ```
     /// use std::time::Duration;
@@ -442,12 +443,22 @@ impl<C> LimiterBuilder<C> {
             .map(|(runtime, every)| {
                 // The first round at the next multiple of `every` on the limiter's
                 // clock: with a period of a bucket width, rounds fall where keys
-                // turn idle, not up to a period after. Made here, in the runtime's
+                // turn idle, not up to a period after. A clock that reads in
+                // steps (the coarse one) gets there up to a step late: the
+                // rounds wait that much more. Made here, in the runtime's
                 // context: a runtime without timers panics here, not in the task.
+                // (A period past the 584 years of u64 nanoseconds is held
+                // there, so that no tokio instant overflows.)
                 let every_ns = saturating_nanos(every);
-                let first = Duration::from_nanos(every_ns - now % every_ns);
-                let mut rounds =
-                    tokio::time::interval_at(tokio::time::Instant::now() + first, every);
+                let step = state
+                    .clock
+                    .resolution()
+                    .saturating_sub(Duration::from_nanos(1));
+                let first = Duration::from_nanos(every_ns - now % every_ns) + step;
+                let mut rounds = tokio::time::interval_at(
+                    tokio::time::Instant::now() + first,
+                    Duration::from_nanos(every_ns),
+                );
                 // A late round (a slow sweep, a busy runtime) keeps the alignment.
                 rounds.set_missed_tick_behavior(MissedTickBehavior::Skip);
                 runtime
