@@ -193,6 +193,16 @@ const OVERFLOW_MARKS: usize = 1024;
 /// still in its window; that copy over-counts (the other keys' units too) for at
 /// most one window.
 ///
+/// **Memory:** about 262 bytes of heap per tracked key with the default 15
+/// buckets (254 MiB for 1M keys), and a few MiB for an empty limiter at a cap
+/// of 1M (a collector per partition). A dropped key's memory goes back to the
+/// allocator at once; whether the process's RSS falls is the allocator's
+/// choice. glibc's malloc keeps freed small blocks for reuse, so RSS stays at
+/// its high-water mark (about `max_keys` × 270 bytes after a flood that fills
+/// the cap); an allocator that returns memory (mimalloc, jemalloc) gives most
+/// of it back after a delay. The [memory guide](crate::guide::memory) has
+/// figures and what we recommend.
+///
 /// **Time:** by default a limiter reads an [`AutoClock`], chosen when it is built:
 /// tokio's clock inside a paused tokio runtime (tests drive it with
 /// `tokio::time::advance`), otherwise the coarse monotonic clock (a few
@@ -350,10 +360,11 @@ impl<C> LimiterBuilder<C> {
     /// partitions, so a round never holds a worker for longer than one
     /// partition's sweep (about 1/256 of the keys at a cap of 1M; fewer keys
     /// per partition at lower caps). A round visits every tracked key, idle or
-    /// not, so its cost grows with the keys tracked: a period of a bucket width
-    /// suits caps up to some 100 000 keys; a cap of millions may want a longer
-    /// one (`benches/README.md` has figures). A sweep never evicts a key that
-    /// holds units in its window.
+    /// not, so its cost grows with the keys tracked: at one round per bucket of
+    /// 66.7 ms, about 1% of a core with 100 000 keys and over half a core with
+    /// 1M (see the [memory guide](crate::guide::memory)); a cap of millions
+    /// wants a longer period. A sweep never evicts a key that holds units in
+    /// its window.
     ///
     /// **Time:** rounds fall on tokio's clock, every `every`; whether a key is
     /// idle is judged by the limiter's clock, read at each partition. The two
