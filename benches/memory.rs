@@ -1,8 +1,15 @@
-//! Memory for 1M tracked keys, ours against governor's keyed limiter, counted by a
-//! global allocator wrapper (bytes requested from the allocator, not RSS); then
-//! whether the 1M idle keys are given back without user code.
+//! Memory for 1M tracked keys. First the process's RSS on the system allocator
+//! (glibc's malloc on Linux) with a background sweeper (`support/rss.rs`;
+//! `benches/memory_mimalloc.rs` does the same on mimalloc), while this process
+//! has allocated nothing else yet. Then ours against governor's keyed limiter,
+//! counted by a global allocator wrapper (bytes requested from the allocator,
+//! not RSS), whether the 1M idle keys are given back without user code, and
+//! what a sweep of every partition costs.
 //!
 //! Run: `cargo bench --bench memory`.
+
+#[path = "support/rss.rs"]
+mod rss;
 
 use cap::Cap;
 use governor::clock::FakeRelativeClock;
@@ -143,8 +150,43 @@ fn governor() {
     );
 }
 
+/// A sweep of every partition (a background sweeper's round) while every key
+/// is in its window, so nothing is evicted: what a round costs at each size.
+fn rounds() {
+    for keys in [10_000u64, 100_000, 1_000_000] {
+        let limiter: Limiter<u64, ManualClock> =
+            Limiter::builder(Policy::per(LIMIT, WINDOW).unwrap())
+                .clock(ManualClock::new())
+                .max_keys((keys as usize).max(Limiter::DEFAULT_MAX_KEYS))
+                .build()
+                .unwrap();
+        for k in 0..keys {
+            let _ = limiter.check(&k);
+        }
+        let mut times: Vec<Duration> = (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                assert_eq!(limiter.evict_idle(), 0);
+                t.elapsed()
+            })
+            .collect();
+        times.sort();
+        let median = times[times.len() / 2];
+        let bucket = limiter.policy().bucket_width();
+        println!(
+            "ours      a round over {keys:>9} keys in their window: median {median:.2?} \
+             ({:.1} ns a key; {:.1}% of one core at one round per bucket width, {bucket:.1?})",
+            median.as_nanos() as f64 / keys as f64,
+            100.0 * median.as_secs_f64() / bucket.as_secs_f64()
+        );
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported here.
+    // RSS first, before anything else has touched the heap.
+    rss::run("system", heap);
     ours();
     governor();
+    rounds();
 }

@@ -52,6 +52,9 @@ pub enum ConfigError {
     },
     /// `max_keys` was 0: no key could ever be tracked.
     ZeroMaxKeys,
+    /// A limiter's background sweep was given a period of zero
+    /// ([`sweep_idle_every`](crate::store::LimiterBuilder::sweep_idle_every)).
+    ZeroSweepPeriod,
     /// A layer was built without a policy.
     NoPolicy,
     /// A layer was given more policies than it decides at once.
@@ -110,7 +113,10 @@ pub enum ConfigError {
     },
     /// `max_len` of a header key was 0: no value could ever be a key.
     ZeroMaxLen,
-    /// A store that must run on tokio was built outside a tokio runtime.
+    /// A store that must run on tokio (the Redis store), or a limiter that
+    /// sweeps idle keys from a tokio task
+    /// ([`sweep_idle`](crate::store::LimiterBuilder::sweep_idle)), was built
+    /// outside a tokio runtime.
     NoRuntime,
     /// A Redis store was given no Redis to talk to (no URL, client or
     /// connection).
@@ -155,6 +161,9 @@ impl fmt::Display for ConfigError {
                 write!(f, "window {window:?} is longer than the supported maximum {max:?}")
             }
             ConfigError::ZeroMaxKeys => f.write_str("max_keys must be at least 1"),
+            ConfigError::ZeroSweepPeriod => {
+                f.write_str("the idle-key sweep's period must be longer than zero")
+            }
             ConfigError::NoPolicy => f.write_str("a layer needs at least one policy"),
             ConfigError::TooManyPolicies { count, max } => {
                 write!(f, "{count} policies given, a layer accepts at most {max}")
@@ -195,7 +204,8 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::ZeroMaxLen => f.write_str("a header key's max_len must be at least 1"),
             ConfigError::NoRuntime => f.write_str(
-                "the store must be built inside a tokio runtime (its connection runs there)",
+                "build inside a tokio runtime: a Redis store's connection and a limiter's idle-key \
+                 sweeper (sweep_idle) run there",
             ),
             ConfigError::NoRedis => f.write_str(
                 "the Redis store needs a Redis to talk to: call .url(), .client() or .connection()",

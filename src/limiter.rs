@@ -1,7 +1,7 @@
 //! The keyed limiter: a concurrent map from key to [`Ring`], with idle keys
 //! evicted on the request path and a hard cap on how many keys are tracked.
 
-use crate::clock::{AutoClock, Clock};
+use crate::clock::{saturating_nanos, AutoClock, Clock};
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::metrics::LimiterMetrics;
@@ -10,7 +10,10 @@ use crate::ring::{Geometry, Ring, WindowSnapshot};
 use crate::stats::{Counters, KeyUsage, LimiterStats};
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use tokio::task::AbortHandle;
+use tokio::time::{Interval, MissedTickBehavior};
 
 type Hasher = foldhash::fast::RandomState;
 /// Key -> ring. Lock-free reads: a check takes no lock, and idle rings are
@@ -168,7 +171,12 @@ const OVERFLOW_MARKS: usize = 1024;
 /// [`Precision`](crate::Precision) for the guarantee). Keys are created on first
 /// use and dropped once idle (all their buckets expired), by the limiter itself:
 /// one check per bucket width sweeps one partition of the map, so no request ever
-/// pays for a full sweep and no background task is needed. A key type with one
+/// pays for a full sweep. Checks alone leave idle keys in place once traffic
+/// stops: after a flood of one-off keys, the last of them waits for as many
+/// later bucket widths with a check as there are partitions (up to 256).
+/// [`LimiterBuilder::sweep_idle`] adds a tokio task that sweeps every
+/// partition once per bucket width, so idle keys are gone within a window and
+/// a bucket of their last use, with no traffic at all. A key type with one
 /// value (zero-sized, such as `()`, the key of [`GlobalKey`](crate::GlobalKey))
 /// has one ring, outside the map, for the limiter's life: its check neither
 /// hashes nor looks up, and it counts as one tracked key from the start.
@@ -185,6 +193,16 @@ const OVERFLOW_MARKS: usize = 1024;
 /// own ring as a copy of the overflow ring's counts, so it never sheds units
 /// still in its window; that copy over-counts (the other keys' units too) for at
 /// most one window.
+///
+/// **Memory:** about 262 bytes of heap per tracked key with the default 15
+/// buckets (254 MiB for 1M keys), and a few MiB for an empty limiter at a cap
+/// of 1M (a collector per partition). A dropped key's memory goes back to the
+/// allocator at once; whether the process's RSS falls is the allocator's
+/// choice. glibc's malloc keeps freed small blocks for reuse, so RSS stays at
+/// its high-water mark (about `max_keys` × 270 bytes after a flood that fills
+/// the cap); an allocator that returns memory (mimalloc, jemalloc) gives most
+/// of it back after a delay. The [memory guide](crate::guide::memory) has
+/// figures and what we recommend.
 ///
 /// **Time:** by default a limiter reads an [`AutoClock`], chosen when it is built:
 /// tokio's clock inside a paused tokio runtime (tests drive it with
@@ -219,6 +237,14 @@ const OVERFLOW_MARKS: usize = 1024;
 /// assert!(limiter.check(&"10.0.0.1").is_allowed());
 /// ```
 pub struct Limiter<K, C = AutoClock> {
+    state: Arc<State<K, C>>,
+    /// The background sweeper ([`LimiterBuilder::sweep_idle`]), aborted on drop
+    /// so that it ends at once; it holds the state only weakly in any case.
+    sweeper: Option<AbortHandle>,
+}
+
+/// A limiter's keys, rings and settings, behind the [`Limiter`] handle.
+struct State<K, C> {
     geometry: Geometry,
     policy: Policy,
     clock: C,
@@ -258,15 +284,19 @@ pub struct Limiter<K, C = AutoClock> {
     counters: Counters,
     /// The same counts, handed to the `metrics` recorder once per bucket width.
     metrics: LimiterMetrics,
+    /// Rounds the background sweeper has finished, for tests to wait on.
+    #[cfg(test)]
+    sweeper_rounds: AtomicU64,
 }
 
-/// Builder for [`Limiter`]: the clock and the key cap.
+/// Builder for [`Limiter`]: the clock, the key cap and the background sweeper.
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` makes the limiter"]
 pub struct LimiterBuilder<C> {
     policy: Policy,
     clock: C,
     max_keys: usize,
+    sweep_every: Option<Duration>,
 }
 
 impl<C> LimiterBuilder<C> {
@@ -276,6 +306,7 @@ impl<C> LimiterBuilder<C> {
             policy: self.policy,
             clock,
             max_keys: self.max_keys,
+            sweep_every: self.sweep_every,
         }
     }
 
@@ -285,11 +316,92 @@ impl<C> LimiterBuilder<C> {
         self
     }
 
-    /// Validate against the clock and build.
-    pub fn build<K: Hash + Eq + Clone>(self) -> Result<Limiter<K, C>, ConfigError>
+    /// Also sweep idle keys from a tokio task, once every bucket width (the
+    /// policy's window / buckets), with or without traffic: see
+    /// [`sweep_idle_every`](Self::sweep_idle_every), which this calls with the
+    /// bucket width. Off by default.
+    ///
+    /// Checks sweep by themselves, one partition per bucket width, so they
+    /// keep up with a steady stream of keys; but keys left by a flood with no
+    /// traffic after it stay until later checks (or [`Limiter::evict_idle`])
+    /// reach them. With this, a key is gone within a window and a bucket of its
+    /// last check (plus tokio's 1 ms timer tick, and the coarse clock's tick
+    /// where the limiter reads it), whatever the traffic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{Limiter, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_sliding_window::ConfigError> {
+    /// // Inside a tokio runtime: the sweeper is a task on it.
+    /// let limiter: Limiter<String> =
+    ///     Limiter::builder(Policy::per(100, Duration::from_secs(60))?)
+    ///         .sweep_idle()
+    ///         .build()?;
+    /// # let _ = limiter;
+    /// # Ok(()) }
+    /// ```
+    pub fn sweep_idle(self) -> Self {
+        let every = self.policy.bucket_width();
+        self.sweep_idle_every(every)
+    }
+
+    /// Also sweep idle keys from a tokio task, once every `every` (off by
+    /// default; [`sweep_idle`](Self::sweep_idle) picks the bucket width).
+    ///
+    /// [`build`](Self::build) spawns the task on the current tokio runtime, so
+    /// it must be called inside one, with time enabled (as in `#[tokio::main]`
+    /// and `#[tokio::test]`); outside one it returns
+    /// [`ConfigError::NoRuntime`], and a zero `every` is
+    /// [`ConfigError::ZeroSweepPeriod`]. The task holds the limiter's state
+    /// only weakly: it never keeps the limiter alive, and it ends when the
+    /// limiter is dropped (a layer's limiters: when the layer and every
+    /// service made from it are dropped).
+    ///
+    /// Each round visits every partition of the map in turn (as
+    /// [`Limiter::evict_idle`] does) and yields to the runtime between
+    /// partitions, so a round never holds a worker for longer than one
+    /// partition's sweep (about 1/256 of the keys at a cap of 1M; fewer keys
+    /// per partition at lower caps). A round visits every tracked key, idle or
+    /// not, so its cost grows with the keys tracked: at one round per bucket of
+    /// 66.7 ms, about 1% of a core with 100 000 keys and over half a core with
+    /// 1M (see the [memory guide](crate::guide::memory)); a cap of millions
+    /// wants a longer period. A sweep never evicts a key that holds units in
+    /// its window.
+    ///
+    /// **Time:** rounds fall on tokio's clock, every `every`; whether a key is
+    /// idle is judged by the limiter's clock, read at each partition. The two
+    /// agree for the default [`AutoClock`] (on tokio's clock in a paused
+    /// runtime, so `tokio::time::advance` drives both) and for the monotonic
+    /// clocks, and rounds are then aligned to the limiter's buckets, so a round
+    /// falls just as keys turn idle. With a
+    /// [`ManualClock`](crate::ManualClock) (or any clock that does not follow
+    /// tokio's), rounds still run every `every` of tokio time, and evict only
+    /// the keys idle by the reading of the limiter's clock.
+    pub fn sweep_idle_every(mut self, every: Duration) -> Self {
+        self.sweep_every = Some(every);
+        self
+    }
+
+    /// Validate against the clock and build; with a sweeper, spawn it on the
+    /// current tokio runtime ([`sweep_idle_every`](Self::sweep_idle_every)).
+    ///
+    /// Keys are `Send + Sync + 'static`, as a sweeper task needs them (and as
+    /// a tower layer's do).
+    pub fn build<K: Hash + Eq + Clone + Send + Sync + 'static>(
+        self,
+    ) -> Result<Limiter<K, C>, ConfigError>
     where
         C: Clock,
     {
+        let sweep = match self.sweep_every {
+            None => None,
+            Some(every) if every.is_zero() => return Err(ConfigError::ZeroSweepPeriod),
+            Some(every) => Some((
+                tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?,
+                every,
+            )),
+        };
         let resolution = self.clock.resolution();
         if self.policy.bucket_width() < resolution {
             return Err(ConfigError::BucketBelowClockResolution {
@@ -312,7 +424,7 @@ impl<C> LimiterBuilder<C> {
                 .clamp(1, MAX_PARTITIONS)
         };
         let metrics = LimiterMetrics::new(self.policy.name());
-        Ok(Limiter {
+        let state = State {
             overflow: Ring::new(&geometry, now),
             geometry,
             policy: self.policy,
@@ -337,11 +449,84 @@ impl<C> LimiterBuilder<C> {
             counters: Counters::default(),
             metrics,
             clock: self.clock,
-        })
+            #[cfg(test)]
+            sweeper_rounds: AtomicU64::new(0),
+        };
+        let state = Arc::new(state);
+        // A key type with one value has no map to sweep.
+        let sweeper = sweep
+            .filter(|_| state.single.is_none())
+            .map(|(runtime, every)| {
+                // The first round at the next multiple of `every` on the limiter's
+                // clock: with a period of a bucket width, rounds fall where keys
+                // turn idle, not up to a period after. A clock that reads in
+                // steps (the coarse one) gets there up to a step late: the
+                // rounds wait that much more. Made here, in the runtime's
+                // context: a runtime without timers panics here, not in the task.
+                // (A period past the 584 years of u64 nanoseconds is held
+                // there, so that no tokio instant overflows.)
+                let every_ns = saturating_nanos(every);
+                let step = state
+                    .clock
+                    .resolution()
+                    .saturating_sub(Duration::from_nanos(1));
+                let first = Duration::from_nanos(every_ns - now % every_ns) + step;
+                let mut rounds = tokio::time::interval_at(
+                    tokio::time::Instant::now() + first,
+                    Duration::from_nanos(every_ns),
+                );
+                // A late round (a slow sweep, a busy runtime) keeps the alignment.
+                rounds.set_missed_tick_behavior(MissedTickBehavior::Skip);
+                runtime
+                    .spawn(sweep_idle(Arc::downgrade(&state), rounds))
+                    .abort_handle()
+            });
+        Ok(Limiter { state, sweeper })
     }
 }
 
-impl<K: Hash + Eq + Clone> Limiter<K, AutoClock> {
+/// The background sweeper: each round sweeps every partition with keys,
+/// yielding between them. It upgrades its `Weak` for one partition at a time,
+/// so it never holds the state while it waits, and returns once the state is
+/// gone.
+async fn sweep_idle<K, C>(state: Weak<State<K, C>>, mut rounds: Interval)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    loop {
+        rounds.tick().await;
+        for p in 0.. {
+            let Some(state) = state.upgrade() else {
+                return;
+            };
+            if p == state.partitions.len() {
+                #[cfg(feature = "metrics")]
+                let _ = state.stats(); // hands the counts to the metrics recorder
+                #[cfg(test)]
+                state.sweeper_rounds.fetch_add(1, SeqCst);
+                break;
+            }
+            // An empty map costs nothing to skip (a sweep would still walk
+            // its table, which keeps the capacity its keys once needed).
+            if !state.partitions[p].map.is_empty() {
+                state.sweep_partition(p, state.now());
+                drop(state);
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+impl<K, C> Drop for Limiter<K, C> {
+    fn drop(&mut self) {
+        if let Some(sweeper) = &self.sweeper {
+            sweeper.abort();
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K, AutoClock> {
     /// A limiter on the default clock ([`AutoClock`]) with the default key cap.
     pub fn new(policy: Policy) -> Result<Self, ConfigError> {
         Limiter::builder(policy).build()
@@ -358,6 +543,7 @@ impl Limiter<(), AutoClock> {
             clock: AutoClock::for_bucket(policy.bucket_width()),
             policy,
             max_keys: Limiter::DEFAULT_MAX_KEYS,
+            sweep_every: None,
         }
     }
 
@@ -375,12 +561,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// Check `cost` units for `key`, counting them if they fit. A cost above the
     /// limit is [`Outcome::CostExceedsLimit`](crate::Outcome::CostExceedsLimit):
     /// it can never pass, so it is not a wait.
+    #[inline]
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
-        let now = self.now();
-        let decision = self.decide(key, cost, now);
-        self.counters.record(decision.is_allowed());
-        self.maybe_sweep(now);
-        decision
+        self.state.check_n(key, cost)
     }
 
     /// What `check_n(key, cost)` would decide now, without counting anything.
@@ -390,21 +573,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// room, track the key; `peek` changes nothing, so it reports what the
     /// overflow ring would decide.
     pub fn peek(&self, key: &K, cost: u32) -> Decision {
-        let now = self.now();
-        let g = &self.geometry;
-        let fits = if cost > g.limit() { 0 } else { cost };
-        let decision = self.with_ring(key, |ring| match ring {
-            Ok(ring) => ring.peek(g, now, fits),
-            Err(key) => self.peek_untracked(key, now, fits),
-        });
-        if cost > g.limit() {
-            let mut exceeds =
-                Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset());
-            exceeds.overflow = decision.overflow;
-            exceeds
-        } else {
-            decision
-        }
+        self.state.peek(key, cost)
     }
 
     /// Give back the units an allowed `decision` for `key` counted: for a request
@@ -424,16 +593,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// still hold, and then more than the limit can pass in a window (for an
     /// overflow decision, room other keys in the shared overflow ring hold).
     pub fn undo(&self, key: &K, decision: &Decision) {
-        let g = &self.geometry;
-        if decision.overflow {
-            self.overflow.undo(g, decision);
-        } else {
-            self.with_ring(key, |ring| {
-                if let Ok(ring) = ring {
-                    ring.undo(g, decision);
-                }
-            });
-        }
+        self.state.undo(key, decision)
     }
 
     /// The key's usage right now (nothing counted).
@@ -451,6 +611,87 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// the counts since the last flush to the recorder (as the limiter does
     /// once per bucket width).
     pub fn stats(&self) -> LimiterStats {
+        self.state.stats()
+    }
+
+    /// The policy this limiter enforces.
+    pub fn policy(&self) -> &Policy {
+        self.state.policy()
+    }
+
+    /// The limiter's clock.
+    pub fn clock(&self) -> &C {
+        self.state.clock()
+    }
+
+    /// Sweep every partition for idle keys now, returning how many were
+    /// dropped. Never needed for correctness (an idle key's ring counts
+    /// nothing), and checks sweep by themselves; useful before reading stats,
+    /// or to drop the keys a flood left on a schedule of your own (which
+    /// [`LimiterBuilder::sweep_idle`] does from a tokio task).
+    pub fn evict_idle(&self) -> usize {
+        self.state.evict_idle()
+    }
+
+    /// The key's window now, bucket by bucket, for the wait queue's forecast.
+    /// Nothing is counted.
+    ///
+    /// A key without a ring is read as [`peek`](Self::peek) reads it: at the
+    /// cap (or while its group's overflow mark says its new ring would start
+    /// as a copy) the overflow ring's window is the one its checks meet; else
+    /// an empty window starting no earlier than the latest sweep.
+    pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
+        self.state.window_snapshot(key)
+    }
+
+    /// True while an admitted `decision` was counted in the current bucket, so
+    /// spending it now keeps the window guarantee for the instant it is spent.
+    pub(crate) fn is_current(&self, decision: &Decision) -> bool {
+        self.state.is_current(decision)
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
+    fn check_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.now();
+        let decision = self.decide(key, cost, now);
+        self.counters.record(decision.is_allowed());
+        self.maybe_sweep(now);
+        decision
+    }
+
+    fn peek(&self, key: &K, cost: u32) -> Decision {
+        let now = self.now();
+        let g = &self.geometry;
+        let fits = if cost > g.limit() { 0 } else { cost };
+        let decision = self.with_ring(key, |ring| match ring {
+            Ok(ring) => ring.peek(g, now, fits),
+            Err(key) => self.peek_untracked(key, now, fits),
+        });
+        if cost > g.limit() {
+            let mut exceeds =
+                Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset());
+            exceeds.overflow = decision.overflow;
+            exceeds
+        } else {
+            decision
+        }
+    }
+
+    fn undo(&self, key: &K, decision: &Decision) {
+        let g = &self.geometry;
+        if decision.overflow {
+            self.overflow.undo(g, decision);
+        } else {
+            self.with_ring(key, |ring| {
+                if let Ok(ring) = ring {
+                    ring.undo(g, decision);
+                }
+            });
+        }
+    }
+
+    fn stats(&self) -> LimiterStats {
         let (admitted, rejected) = self.counters.totals();
         let stats = LimiterStats {
             admitted,
@@ -464,33 +705,22 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         stats
     }
 
-    /// The policy this limiter enforces.
-    pub fn policy(&self) -> &Policy {
+    fn policy(&self) -> &Policy {
         &self.policy
     }
 
-    /// The limiter's clock.
-    pub fn clock(&self) -> &C {
+    fn clock(&self) -> &C {
         &self.clock
     }
 
-    /// Sweep every partition for idle keys now. Never needed for correctness or
-    /// memory (the limiter sweeps by itself); useful before reading stats.
-    pub fn evict_idle(&self) -> usize {
+    fn evict_idle(&self) -> usize {
         let now = self.now();
         (0..self.partitions.len())
             .map(|p| self.sweep_partition(p, now))
             .sum()
     }
 
-    /// The key's window now, bucket by bucket, for the wait queue's forecast.
-    /// Nothing is counted.
-    ///
-    /// A key without a ring is read as [`peek`](Self::peek) reads it: at the
-    /// cap (or while its group's overflow mark says its new ring would start
-    /// as a copy) the overflow ring's window is the one its checks meet; else
-    /// an empty window starting no earlier than the latest sweep.
-    pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
+    fn window_snapshot(&self, key: &K) -> WindowSnapshot {
         let g = &self.geometry;
         let now = self.now();
         let (slot, counts) = self.with_ring(key, |ring| match ring {
@@ -514,9 +744,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         }
     }
 
-    /// True while an admitted `decision` was counted in the current bucket, so
-    /// spending it now keeps the window guarantee for the instant it is spent.
-    pub(crate) fn is_current(&self, decision: &Decision) -> bool {
+    fn is_current(&self, decision: &Decision) -> bool {
         decision.slot >= self.geometry.slot(self.now())
     }
 
@@ -796,10 +1024,11 @@ fn next_slot_start(now: u64, bucket_nanos: u64) -> u64 {
 
 impl<K, C> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = &self.state;
         f.debug_struct("Limiter")
-            .field("policy", &self.policy)
-            .field("max_keys", &self.max_keys)
-            .field("keys_tracked", &self.keys.load(Relaxed))
+            .field("policy", &state.policy)
+            .field("max_keys", &state.max_keys)
+            .field("keys_tracked", &state.keys.load(Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -831,10 +1060,10 @@ mod tests {
         for k in keys.clone() {
             let _ = l.check(&k);
         }
-        let map = l.partitions[0].map.pin();
+        let map = l.state.partitions[0].map.pin();
         let mut live: Vec<(usize, usize)> = keys
             .map(|k| {
-                let ring = &**map.get(&l.lookup(&k)).unwrap() as *const Ring as usize;
+                let ring = &**map.get(&l.state.lookup(&k)).unwrap() as *const Ring as usize;
                 (ring - 8, ring + std::mem::size_of::<Ring>() - 1)
             })
             .collect();
@@ -857,7 +1086,7 @@ mod tests {
                 .clock(clock.clone())
                 .build()
                 .unwrap();
-        assert_eq!(l.partitions.len(), 1);
+        assert_eq!(l.state.partitions.len(), 1);
         assert_eq!(l.stats().keys_tracked, 1);
         assert!(l.check(&()).is_allowed());
         let second = l.check(&());
@@ -868,7 +1097,7 @@ mod tests {
         l.undo(&(), &second);
         assert_eq!(l.usage(&()).used, 1);
         assert!(l.check(&()).is_allowed());
-        assert!(l.partitions[0].map.is_empty());
+        assert!(l.state.partitions[0].map.is_empty());
         // Idle for a minute: no sweep drops it, and its window has emptied.
         clock.advance(Duration::from_secs(60));
         assert_eq!(l.evict_idle(), 0);
@@ -884,7 +1113,7 @@ mod tests {
         // 256 partitions: the hash picks the partition and, passed on, the
         // map's slot; every key must be found again, and only its own units.
         let (l, _) = limiter(3, 1 << 20);
-        assert_eq!(l.partitions.len(), MAX_PARTITIONS);
+        assert_eq!(l.state.partitions.len(), MAX_PARTITIONS);
         let keys = 0..20_000u64;
         for k in keys.clone() {
             for _ in 0..=(k % 3) {
@@ -892,7 +1121,12 @@ mod tests {
             }
         }
         assert_eq!(l.stats().keys_tracked, 20_000);
-        let used = l.partitions.iter().filter(|p| !p.map.is_empty()).count();
+        let used = l
+            .state
+            .partitions
+            .iter()
+            .filter(|p| !p.map.is_empty())
+            .count();
         assert!(used > MAX_PARTITIONS * 9 / 10, "{used} partitions in use");
         for k in keys {
             assert_eq!(l.usage(&k).used, (k % 3 + 1) as u32, "key {k}");
@@ -918,7 +1152,7 @@ mod tests {
         assert_eq!(l.stats().keys_tracked, 10_000);
         clock.advance(Duration::from_secs(2));
         // Only one hot key keeps checking; each bucket width it sweeps one partition.
-        for _ in 0..l.partitions.len() {
+        for _ in 0..l.state.partitions.len() {
             clock.advance(Duration::from_millis(70));
             let _ = l.check(&u64::MAX);
         }
@@ -1074,20 +1308,20 @@ mod tests {
         let (l, clock) = limiter(1_000, 1);
         assert!(l.check(&0).is_allowed());
         clock.set(100_000_000);
-        let sweeps_before = l.sweep_cursor.load(Relaxed);
+        let sweeps_before = l.state.sweep_cursor.load(Relaxed);
         for key in 1..=1_000 {
             let _ = l.check(&key);
         }
         // One sweep for the new bucket (`maybe_sweep`) and one by the first new
         // key at the cap, not one per new key.
-        assert!(l.sweep_cursor.load(Relaxed) - sweeps_before <= 2);
+        assert!(l.state.sweep_cursor.load(Relaxed) - sweeps_before <= 2);
         assert_eq!(l.stats().overflowed, 1_000);
         // In the next bucket, the first new key may sweep again.
         clock.set(200_000_000);
-        let before = l.sweep_cursor.load(Relaxed);
+        let before = l.state.sweep_cursor.load(Relaxed);
         let _ = l.check(&5_000);
         let _ = l.check(&5_001);
-        assert_eq!(l.sweep_cursor.load(Relaxed) - before, 2);
+        assert_eq!(l.state.sweep_cursor.load(Relaxed) - before, 2);
     }
 
     #[test]
@@ -1208,7 +1442,7 @@ mod tests {
         clock.set(secs(10.5));
         let again = l.check_n(&1, 2);
         assert!(again.is_allowed());
-        assert!(again.recorded_slot() >= l.geometry.slot(secs(13.0)));
+        assert!(again.recorded_slot() >= l.state.geometry.slot(secs(13.0)));
         // Times still count from the clock's reading.
         assert!(again.reset() > Duration::from_millis(2500), "{again:?}");
         assert!(!l.check(&1).is_allowed());
@@ -1264,7 +1498,7 @@ mod tests {
         // Another untracked key only asks (cost 0): nothing is counted for it.
         let key = (3..)
             .find(|k| {
-                let mark = |k| l.overflow_mark(&l.lookup(k));
+                let mark = |k| l.state.overflow_mark(&l.state.lookup(k));
                 !std::ptr::eq(mark(k), mark(&2))
             })
             .unwrap();
@@ -1320,5 +1554,174 @@ mod tests {
         let never = l.check_n(&4, 2);
         assert_eq!(never.outcome(), Outcome::CostExceedsLimit);
         assert!(never.is_overflow(), "{never:?}");
+    }
+}
+
+#[cfg(test)]
+impl<K, C> Limiter<K, C> {
+    /// Rounds the background sweeper has finished.
+    pub(crate) fn sweeper_rounds(&self) -> u64 {
+        self.state.sweeper_rounds.load(SeqCst)
+    }
+
+    /// Yield to the runtime until the sweeper has finished `rounds` rounds in
+    /// all. Yielding does not move paused time: the rounds waited for ran at
+    /// the instant the test advanced to.
+    pub(crate) async fn sweeper_finished(&self, rounds: u64) {
+        for _ in 0..100_000 {
+            if self.sweeper_rounds() >= rounds {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!(
+            "the sweeper finished {} of {rounds} rounds",
+            self.sweeper_rounds()
+        );
+    }
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod sweeper_tests {
+    use super::*;
+    use crate::ManualClock;
+    use tokio::time::{advance, Instant};
+
+    /// 1 s in 10 buckets of 100 ms: bucket starts fall on tokio's 1 ms ticks.
+    fn policy(limit: u32) -> Policy {
+        Policy::builder()
+            .limit(limit)
+            .window(Duration::from_secs(1))
+            .buckets(10)
+            .build()
+            .unwrap()
+    }
+
+    fn alive_tasks() -> usize {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_idle_keys_is_gone_within_a_window_and_a_bucket_without_traffic() {
+        let l: Limiter<u64> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        assert_eq!(l.clock().source(), crate::clock::TimeSource::Tokio);
+        let start = Instant::now();
+        for k in 0..100_000 {
+            assert!(l.check(&k).is_allowed());
+        }
+        assert_eq!(l.stats().keys_tracked, 100_000);
+        // Every unit counts through slot 10 (up to 1.1 s): a round within it
+        // keeps every key.
+        advance(Duration::from_millis(1099)).await;
+        l.sweeper_finished(1).await;
+        assert_eq!(l.stats().keys_tracked, 100_000);
+        // The round at 1.1 s, the start of slot 11, drops them all.
+        advance(Duration::from_millis(1)).await;
+        l.sweeper_finished(2).await;
+        let stats = l.stats();
+        assert_eq!((stats.keys_tracked, stats.keys_evicted), (0, 100_000));
+        assert_eq!(start.elapsed(), Duration::from_millis(1100));
+        assert!(l.state.partitions.iter().all(|p| p.map.is_empty()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_used_just_before_a_round_keeps_its_count() {
+        let l: Limiter<u64> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        for k in 0..1_000 {
+            let _ = l.check(&k);
+        }
+        // Half a bucket before the round that drops the flood, key 7 000 uses
+        // its whole limit.
+        advance(Duration::from_millis(1050)).await;
+        assert!(l.check_n(&7_000, 3).is_allowed());
+        let rounds = l.sweeper_rounds();
+        advance(Duration::from_millis(50)).await;
+        l.sweeper_finished(rounds + 1).await;
+        assert_eq!(l.stats().keys_tracked, 1);
+        assert_eq!(l.usage(&7_000).used, 3);
+        assert!(!l.peek(&7_000, 1).is_allowed());
+        // It goes once its units have left the window: at the start of slot 21.
+        let rounds = l.sweeper_rounds();
+        advance(Duration::from_millis(999)).await;
+        l.sweeper_finished(rounds + 1).await;
+        assert_eq!(l.stats().keys_tracked, 1);
+        advance(Duration::from_millis(1)).await;
+        l.sweeper_finished(rounds + 2).await;
+        assert_eq!(l.stats().keys_tracked, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeper_holds_the_limiter_weakly_and_ends_with_it() {
+        let l: Limiter<Arc<u64>> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        assert_eq!(alive_tasks(), 1);
+        let key = Arc::new(7);
+        assert!(l.check(&key).is_allowed());
+        assert_eq!(Arc::strong_count(&key), 2, "the map holds a clone");
+        advance(Duration::from_millis(250)).await;
+        l.sweeper_finished(1).await;
+        // The sweeper waits for its next round holding no strong reference:
+        // dropping the limiter drops its keys at once.
+        drop(l);
+        assert_eq!(Arc::strong_count(&key), 1);
+        for _ in 0..100 {
+            if alive_tasks() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(alive_tasks(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_type_with_one_value_has_no_sweeper() {
+        let l: Limiter<()> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        assert!(l.check(&()).is_allowed());
+        assert_eq!(alive_tasks(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_manual_clock_rounds_follow_tokio_and_idleness_the_clock() {
+        let clock = ManualClock::new();
+        let l: Limiter<u64, ManualClock> = Limiter::builder(policy(3))
+            .clock(clock.clone())
+            .sweep_idle_every(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        for k in 0..1_000 {
+            let _ = l.check(&k);
+        }
+        // A minute of tokio time, in rounds every 100 ms: the limiter's clock
+        // has not moved, so no key is idle.
+        for round in 1..=600 {
+            advance(Duration::from_millis(100)).await;
+            l.sweeper_finished(round).await;
+        }
+        assert_eq!(l.stats().keys_tracked, 1_000);
+        // Once the limiter's clock has moved past the keys' window, the next
+        // round drops them.
+        clock.advance(Duration::from_millis(1100));
+        assert_eq!(l.stats().keys_tracked, 1_000);
+        advance(Duration::from_millis(100)).await;
+        l.sweeper_finished(601).await;
+        assert_eq!(l.stats().keys_tracked, 0);
+    }
+
+    #[test]
+    fn a_sweeper_outside_a_runtime_is_a_config_error() {
+        let built: Result<Limiter<u64>, _> = Limiter::builder(policy(3)).sweep_idle().build();
+        assert!(matches!(built, Err(ConfigError::NoRuntime)));
+        // Without a sweeper, no runtime is needed.
+        let built: Result<Limiter<u64>, _> = Limiter::builder(policy(3)).build();
+        assert!(built.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_zero_sweep_period_is_a_config_error() {
+        let built: Result<Limiter<u64>, _> = Limiter::builder(policy(3))
+            .sweep_idle_every(Duration::ZERO)
+            .build();
+        assert!(matches!(built, Err(ConfigError::ZeroSweepPeriod)));
     }
 }

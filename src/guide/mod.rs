@@ -12,6 +12,8 @@
 //! - [`algorithm`]: the ring of sub-window counters, and why strict mode never
 //!   admits more than the limit in any window, even under races.
 //! - [`waiting`]: how the layer holds a request back instead of rejecting it.
+//! - [`memory`]: what a limiter holds, when idle keys go (`sweep_idle`), and
+//!   what the process gets back from its allocator.
 
 pub mod algorithm {
     #![doc = include_str!("algorithm.md")]
@@ -23,6 +25,10 @@ pub mod custom_store {
 
 pub mod features {
     #![doc = include_str!("features.md")]
+}
+
+pub mod memory {
+    #![doc = include_str!("memory.md")]
 }
 
 pub mod naming {

@@ -2,10 +2,10 @@
 //! counts live.
 //!
 //! A builder starts [`Unset`]: no policy yet. [`policy`](SlidingWindowLayerBuilder::policy)
-//! (and the settings of in-memory limiters: `max_keys`, `clock`, waiting)
-//! makes it [`InMemory`]; [`store`](SlidingWindowLayerBuilder::store) makes it
+//! (and the settings of in-memory limiters: `max_keys`, `clock`, waiting,
+//! `sweep_idle`) makes it [`InMemory`]; [`store`](SlidingWindowLayerBuilder::store) makes it
 //! [`Stores`]. The two do not mix, and settings that only in-memory limiters
-//! have (a clock, a key cap, waiting) do not exist on a builder of stores: a
+//! have (a clock, a key cap, waiting, sweeping) do not exist on a builder of stores: a
 //! mistake there does not compile, rather than failing when the layer is built.
 
 use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig};
@@ -27,6 +27,7 @@ use crate::policy::Policy;
 use crate::store::Store;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A builder with no policy yet: give it [`policy`](SlidingWindowLayerBuilder::policy)s
 /// or [`store`](SlidingWindowLayerBuilder::store)s.
@@ -45,6 +46,15 @@ pub struct InMemory<C = AutoClock> {
     max_keys: usize,
     clock: ClockFactory<C>,
     hold: Hold,
+    sweep: Option<Sweep>,
+}
+
+/// How often each in-memory limiter sweeps idle keys in the background.
+#[derive(Debug, Clone, Copy)]
+enum Sweep {
+    /// Every bucket width of its own policy.
+    EveryBucket,
+    Every(Duration),
 }
 
 impl<C> fmt::Debug for InMemory<C> {
@@ -54,6 +64,7 @@ impl<C> fmt::Debug for InMemory<C> {
             .field("max_keys", &self.max_keys)
             .field("clock", &std::any::type_name::<C>())
             .field("hold", &self.hold)
+            .field("sweep", &self.sweep)
             .finish()
     }
 }
@@ -73,6 +84,7 @@ impl Default for InMemory {
                 }
             }),
             hold: Hold::Reject,
+            sweep: None,
         }
     }
 }
@@ -411,6 +423,19 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
         self.with_stores(InMemory::default()).max_keys(max_keys)
     }
 
+    /// Sweep idle keys from a tokio task, every bucket width: the builder
+    /// becomes one of [`InMemory`] limiters, where `sweep_idle` is documented.
+    pub fn sweep_idle(self) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+        self.with_stores(InMemory::default()).sweep_idle()
+    }
+
+    /// Sweep idle keys from a tokio task, every `every`: the builder becomes
+    /// one of [`InMemory`] limiters, where `sweep_idle_every` is documented.
+    pub fn sweep_idle_every(self, every: Duration) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+        self.with_stores(InMemory::default())
+            .sweep_idle_every(every)
+    }
+
     /// The clock of the in-memory limiters: the builder becomes one of
     /// [`InMemory`] limiters, where `clock` is documented.
     pub fn clock<C: Clock + Clone>(self, clock: C) -> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
@@ -490,6 +515,45 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
         self
     }
 
+    /// Also sweep idle keys from a tokio task (off by default): each
+    /// in-memory limiter once every bucket width of its policy. Checks sweep
+    /// by themselves, but only while traffic lasts; with this, keys left by a
+    /// flood are gone within a window and a bucket with no traffic at all. See
+    /// [`LimiterBuilder::sweep_idle_every`](crate::store::LimiterBuilder::sweep_idle_every)
+    /// for the cost, the clocks and when the task ends (when the layer and
+    /// every service made from it are dropped).
+    ///
+    /// [`build`](Self::build) spawns one task per policy on the current tokio
+    /// runtime: build the layer inside one (in `#[tokio::main]`, say); outside
+    /// one, `build` returns [`ConfigError::NoRuntime`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{PeerIp, Policy, SlidingWindowLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_sliding_window::ConfigError> {
+    /// let layer = SlidingWindowLayer::builder(PeerIp::new())
+    ///     .policy(Policy::per(100, Duration::from_secs(60))?)
+    ///     .sweep_idle()
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn sweep_idle(mut self) -> Self {
+        self.stores.sweep = Some(Sweep::EveryBucket);
+        self
+    }
+
+    /// Also sweep idle keys from a tokio task, every `every` for every
+    /// in-memory limiter, rather than every bucket width as
+    /// [`sweep_idle`](Self::sweep_idle) does: a longer period costs less
+    /// with millions of keys, and keys then stay up to that much longer. A
+    /// zero `every` is [`ConfigError::ZeroSweepPeriod`].
+    pub fn sweep_idle_every(mut self, every: Duration) -> Self {
+        self.stores.sweep = Some(Sweep::Every(every));
+        self
+    }
+
     /// The clock of the in-memory limiters. The default is an [`AutoClock`] per
     /// policy: tokio's clock when the layer is built in a paused runtime (tests
     /// drive it with `tokio::time::advance`) or when it waits
@@ -504,6 +568,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
             policies,
             max_keys,
             hold,
+            sweep,
             ..
         } = self.stores;
         let stores = InMemory {
@@ -511,6 +576,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
             max_keys,
             clock: Box::new(move |_: &Policy, _| clock.clone()),
             hold,
+            sweep,
         };
         SlidingWindowLayerBuilder {
             extractor: self.extractor,
@@ -578,7 +644,8 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// not printable ASCII or is used twice, a rejection status that is not
     /// 4xx/5xx, a gRPC code outside 1..=16, HTTP rejection settings followed
     /// by [`reject_with_errors`](Self::reject_with_errors), and any limiter
-    /// configuration error (`max_keys` 0, a bucket below the clock's resolution).
+    /// configuration error (`max_keys` 0, a bucket below the clock's
+    /// resolution, a sweep period of zero, or a sweeper outside a tokio runtime).
     #[allow(clippy::type_complexity)] // the layer type, spelled out for the reader
     pub fn build(self) -> Result<SlidingWindowLayer<X, Limiter<KeyOf<X>, C>, M>, ConfigError>
     where
@@ -591,10 +658,15 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
             .policies
             .iter()
             .map(|policy| {
-                Limiter::builder(policy.clone())
+                let limiter = Limiter::builder(policy.clone())
                     .clock((self.stores.clock)(policy, waits))
-                    .max_keys(self.stores.max_keys)
-                    .build()
+                    .max_keys(self.stores.max_keys);
+                match self.stores.sweep {
+                    None => limiter,
+                    Some(Sweep::EveryBucket) => limiter.sweep_idle(),
+                    Some(Sweep::Every(every)) => limiter.sweep_idle_every(every),
+                }
+                .build()
             })
             .collect::<Result<Vec<_>, _>>()?;
         let hold = self.stores.hold;
@@ -920,6 +992,13 @@ mod tests {
             .max_keys(0)
             .build();
         assert!(matches!(zero_keys, Err(ConfigError::ZeroMaxKeys)));
+
+        // Not inside a tokio runtime: no sweeper can be spawned.
+        let no_runtime = SlidingWindowLayer::builder(key_fn(key))
+            .policy(per_second(1))
+            .sweep_idle()
+            .build();
+        assert!(matches!(no_runtime, Err(ConfigError::NoRuntime)));
     }
 
     #[test]
@@ -955,6 +1034,108 @@ mod tests {
     async fn layers_built_on_paused_time_follow_it() {
         let rejecting = SlidingWindowLayer::new(per_second(5), key_fn(key)).unwrap();
         assert_eq!(source(&rejecting), crate::clock::TimeSource::Tokio);
+    }
+
+    fn user(req: &Req) -> Option<u32> {
+        req.headers().get("x-user")?.to_str().ok()?.parse().ok()
+    }
+
+    fn alive_tasks() -> usize {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_layer_that_sweeps_drops_idle_keys_without_traffic_and_its_sweepers_end_with_it() {
+        use tower::{Layer, ServiceExt};
+        let layer = SlidingWindowLayer::builder(key_fn(user))
+            .sweep_idle()
+            .policy(per_second(5))
+            .policy(
+                Policy::builder()
+                    .name("minute")
+                    .limit(100)
+                    .window(Duration::from_secs(60))
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap();
+        assert_eq!(alive_tasks(), 2, "one sweeper per policy");
+        let svc = layer.layer(tower::service_fn(|_: Req| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(()))
+        }));
+        for user in 0..1_000 {
+            let req = http::Request::builder()
+                .header("x-user", user)
+                .body(())
+                .unwrap();
+            let res = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(res.status(), http::StatusCode::OK);
+        }
+        let tracked = |layer: &SlidingWindowLayer<_>| -> Vec<usize> {
+            layer.stores().map(|l| l.stats().keys_tracked).collect()
+        };
+        assert_eq!(tracked(&layer), [1_000, 1_000]);
+        // No more requests. The per-second keys hold units through 16 buckets
+        // of 1/15 s (1066.7 ms); tokio's timer fires on the next 1 ms tick.
+        let (second, minute) = (
+            layer.stores().next().unwrap(),
+            layer.stores().nth(1).unwrap(),
+        );
+        let rounds = second.sweeper_rounds();
+        tokio::time::advance(Duration::from_millis(1067)).await;
+        second.sweeper_finished(rounds + 1).await;
+        assert_eq!(tracked(&layer), [0, 1_000]);
+        // The minute's keys go a minute and a bucket (4 s) after their use.
+        let rounds = minute.sweeper_rounds();
+        tokio::time::advance(Duration::from_millis(64_000 - 1067)).await;
+        minute.sweeper_finished(rounds + 1).await;
+        assert_eq!(tracked(&layer), [0, 0]);
+
+        // The service holds the layer's limiters too: the sweepers end once
+        // both are gone.
+        drop(layer);
+        assert_eq!(alive_tasks(), 2);
+        drop(svc);
+        for _ in 0..100 {
+            if alive_tasks() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(alive_tasks(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_period_applies_to_every_policy() {
+        let layer = SlidingWindowLayer::builder(key_fn(user))
+            .policy(per_second(5))
+            .policy(
+                Policy::builder()
+                    .name("minute")
+                    .limit(100)
+                    .window(Duration::from_secs(60))
+                    .build()
+                    .unwrap(),
+            )
+            .sweep_idle_every(Duration::from_millis(250))
+            .build()
+            .unwrap();
+        let rounds = || -> Vec<u64> { layer.stores().map(|l| l.sweeper_rounds()).collect() };
+        for n in 1..=4 {
+            tokio::time::advance(Duration::from_millis(250)).await;
+            for l in layer.stores() {
+                l.sweeper_finished(n).await;
+            }
+        }
+        assert_eq!(rounds(), [4, 4]);
+        let zero = SlidingWindowLayer::builder(key_fn(user))
+            .policy(per_second(5))
+            .sweep_idle_every(Duration::ZERO)
+            .build();
+        assert!(matches!(zero, Err(ConfigError::ZeroSweepPeriod)));
     }
 
     #[test]
