@@ -13,7 +13,9 @@
 //!
 //! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
-//! reconnects by itself in the background when Redis returns; after 3
+//! reconnects when it drops. It makes one connection attempt at a time, so a
+//! refused connection fails the decision at once with its cause instead of
+//! holding it until the timeout; the next decision tries again. After 3
 //! timeouts in a row the store replaces it, since a connection gone silent
 //! without closing is not one the manager notices.
 //! [`RedisStoreBuilder::connection`] takes any other `redis` crate async
@@ -53,6 +55,10 @@ const UNDO_SCRIPT: &str = include_str!("undo.lua");
 const LUA_EXACT: u128 = 1 << 53;
 /// How long the background task started by `build` keeps trying to connect.
 const BACKGROUND_WARM_UP: Duration = Duration::from_secs(10);
+/// Pauses between the warm-up's connection attempts: short at first, so a
+/// Redis that starts with the app is found at once, then doubling.
+const WARM_UP_MIN_PAUSE: Duration = Duration::from_millis(10);
+const WARM_UP_MAX_PAUSE: Duration = Duration::from_millis(200);
 /// At most one failure warning per this interval (the counters keep the total).
 const WARN_INTERVAL: Duration = Duration::from_secs(1);
 /// Timeouts in a row after which the managed connection is replaced: a
@@ -154,8 +160,10 @@ struct Counters {
 ///
 /// **Failures:** each decision waits at most the [timeout](RedisStoreBuilder::timeout),
 /// connecting included; then, or when Redis is down or answers an error, the
-/// [`FailurePolicy`] decides. A decision that timed out may still be counted by
-/// Redis when it gets to it (the safe side).
+/// [`FailurePolicy`] decides. A refused connection (nothing listening) fails at
+/// once, as [`StoreErrorKind::ConnectionRefused`], rather than at the timeout.
+/// A decision that timed out may still be counted by Redis when it gets to it
+/// (the safe side).
 ///
 /// **Local deny cache:** when Redis denies `cost` units of a key with
 /// `retry_after` R, this instance denies that key (for the same `cost`)
@@ -223,7 +231,6 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     closed_retry_after: Duration,
     deny_cache_capacity: usize,
-    reconnect_max_delay: Duration,
     connect_timeout: Duration,
 }
 
@@ -246,7 +253,6 @@ impl RedisStore {
             timeout: RedisStore::DEFAULT_TIMEOUT,
             closed_retry_after: RedisStore::DEFAULT_CLOSED_RETRY_AFTER,
             deny_cache_capacity: RedisStore::DEFAULT_DENY_CACHE_CAPACITY,
-            reconnect_max_delay: Duration::from_millis(100),
             connect_timeout: Duration::from_secs(1),
         }
     }
@@ -274,8 +280,10 @@ impl RedisStore {
     }
 
     /// Wait (up to the timeout) until Redis answers and the decision scripts are
-    /// loaded. Optional: the first decision loads them too; useful at startup to
-    /// find out early whether Redis is reachable.
+    /// loaded, trying again every few milliseconds while the connection fails.
+    /// Optional: the first decision loads them too; useful at startup to find
+    /// out early whether Redis is reachable. The error is the last connection
+    /// failure (say, refused) when there was one.
     pub async fn warm_up(&self) -> Result<(), StoreError> {
         self.inner.load_scripts(self.inner.timeout).await
     }
@@ -332,7 +340,6 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("timeout", &self.timeout)
             .field("closed_retry_after", &self.closed_retry_after)
             .field("deny_cache_capacity", &self.deny_cache_capacity)
-            .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("connect_timeout", &self.connect_timeout)
             .finish_non_exhaustive()
     }
@@ -398,13 +405,6 @@ impl RedisStoreBuilder {
     /// [`RedisStore::DEFAULT_DENY_CACHE_CAPACITY`]; 0 turns it off).
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache_capacity = capacity;
-        self
-    }
-
-    /// Longest pause between reconnection attempts while Redis is away (default
-    /// 100 ms, plus jitter), which bounds how soon decisions resume once it is back.
-    pub fn reconnect_max_delay(mut self, delay: Duration) -> Self {
-        self.reconnect_max_delay = delay;
         self
     }
 
@@ -494,12 +494,12 @@ impl RedisStoreBuilder {
                     // an error reply it would not count toward replacing a
                     // connection gone silent.
                     .set_response_timeout(None)
-                    .set_min_delay(Duration::from_millis(10).min(self.reconnect_max_delay))
-                    .set_max_delay(self.reconnect_max_delay)
-                    // Keep trying while Redis is away (the default gives up after
-                    // 6 attempts, and then only a failing request starts another
-                    // round, so the first decision after Redis returns failed).
-                    .set_number_of_retries(usize::MAX)
+                    // One attempt per connection: the manager's own retry loop
+                    // would hold every decision until the timeout while Redis is
+                    // away and hide why (a refused connection read as a
+                    // timeout). A failed attempt is retried by the next
+                    // decision (see `invoke`).
+                    .set_number_of_retries(0)
                     // Pipelined decisions from many concurrent requests queue here.
                     .set_pipeline_buffer_size(1024);
                 let current =
@@ -594,6 +594,10 @@ struct Managed {
 }
 
 impl Connection {
+    fn is_managed(&self) -> bool {
+        matches!(self, Connection::Managed(_))
+    }
+
     fn handle(&self) -> Handle {
         match self {
             Connection::Managed(m) => {
@@ -754,17 +758,34 @@ impl Inner {
         key
     }
 
+    /// Load both scripts, trying again while the connection fails, until
+    /// `timeout`.
     async fn load_scripts(&self, timeout: Duration) -> Result<(), StoreError> {
-        let mut conn = self.conn.handle();
+        let mut last_connection_error = None;
         let load = async {
-            self.check.load_async(&mut conn).await?;
-            self.undo.load_async(&mut conn).await
+            let mut pause = WARM_UP_MIN_PAUSE;
+            loop {
+                let mut conn = self.conn.handle();
+                let loaded = async {
+                    self.check.load_async(&mut conn).await?;
+                    self.undo.load_async(&mut conn).await
+                };
+                match loaded.await {
+                    Err(e) if e.is_io_error() => {
+                        last_connection_error = Some(e);
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(WARM_UP_MAX_PAUSE);
+                    }
+                    done => return done,
+                }
+            }
         };
-        match tokio::time::timeout(timeout, load).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(Failure::Redis(e).into_error(self.closed_retry_after)),
-            Err(_) => Err(Failure::Timeout.into_error(self.closed_retry_after)),
-        }
+        let failure = match tokio::time::timeout(timeout, load).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => Failure::Redis(e),
+            Err(_) => last_connection_error.map_or(Failure::Timeout, Failure::Redis),
+        };
+        Err(failure.into_error(self.closed_retry_after))
     }
 
     /// One decision script in Redis, bounded by the timeout; failures are reported
@@ -797,9 +818,21 @@ impl Inner {
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, Failure> {
-        let mut conn = self.conn.handle();
-        // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+        let call = async {
+            let mut conn = self.conn.handle();
+            // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
+            match invocation.invoke_async(&mut conn).await {
+                // Refused means nothing was sent. The managed connection makes
+                // a new attempt only when a request finds the last one failed,
+                // and that one may date from before Redis returned: try once
+                // more on the attempt this failure has just started.
+                Err(e) if e.is_connection_refusal() && self.conn.is_managed() => {
+                    invocation.invoke_async(&mut conn).await
+                }
+                reply => reply,
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
             Ok(reply) => {
                 self.conn.answered();
                 reply.map_err(Failure::Redis)
