@@ -126,6 +126,9 @@ pub enum ConfigError {
     },
     /// A store timeout of zero: every decision would fail.
     ZeroTimeout,
+    /// A Redis circuit breaker with a cool-down of zero: it would probe Redis
+    /// on every decision. Turn it off with `CircuitBreaker::OFF` instead.
+    ZeroCoolDown,
     /// An interpolated policy too large for the Redis script's arithmetic
     /// (Lua numbers are doubles): (limit + 1) × bucket width in µs must stay
     /// below 2^53. Use a lower limit, narrower buckets or strict precision.
@@ -205,6 +208,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::InvalidRedisUrl { source } => write!(f, "invalid Redis URL: {source}"),
             ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
+            ConfigError::ZeroCoolDown => f.write_str(
+                "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)",
+            ),
             ConfigError::InterpolationOutOfRange => f.write_str(
                 "interpolated precision on Redis needs (limit + 1) × bucket width in µs below \
                  2^53; use a lower limit, narrower buckets or strict precision",

@@ -21,9 +21,11 @@
 //! [`RedisStoreBuilder::connection`] takes any other `redis` crate async
 //! connection instead, such as a cluster connection for Redis Cluster.
 
+mod breaker;
 mod deny_cache;
 mod key;
 
+pub use breaker::{BreakerState, CircuitBreaker};
 pub use key::RedisKey;
 
 /// The `redis` crate this store is built on, for
@@ -39,6 +41,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{
     Client, ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind,
 };
+use breaker::{Admit, Breaker, Probe};
 use deny_cache::DenyCache;
 use std::fmt;
 use std::future::Future;
@@ -108,7 +111,8 @@ pub enum FailurePolicy {
     /// `tracing` warning and the `failed_open` counter. Availability over the limit.
     Open,
     /// Refuse to decide: the check returns a [`StoreError`] carrying a
-    /// `Retry-After` suggestion, which the layer answers with 503.
+    /// `Retry-After` suggestion (while the circuit breaker is open, at least
+    /// the rest of its cool-down), which the layer answers with 503.
     Closed,
 }
 
@@ -122,13 +126,25 @@ pub struct RedisStoreStats {
     pub round_trips: u64,
     /// Checks denied by the local deny cache, without a round trip.
     pub deny_cache_hits: u64,
-    /// Checks and undos that failed: Redis down, an error reply, or the timeout.
+    /// Checks and undos sent to Redis that failed: Redis down, an error reply,
+    /// or the timeout (the decisions the open circuit breaker answers are not
+    /// among them: see `breaker_answered`).
     pub failures: u64,
     /// Of those, the ones that hit the timeout.
     pub timeouts: u64,
-    /// Checks let through unchecked because Redis failed and the policy is
-    /// [`FailurePolicy::Open`].
+    /// Checks let through unchecked because Redis failed or the circuit
+    /// breaker was open, and the policy is [`FailurePolicy::Open`].
     pub failed_open: u64,
+    /// Where the circuit breaker stands now.
+    pub breaker: BreakerState,
+    /// Times the circuit breaker opened after a run of failures (a failed
+    /// probe that opens it again is not counted here).
+    pub breaker_opens: u64,
+    /// Probes sent to Redis by the half-open breaker.
+    pub breaker_probes: u64,
+    /// Checks the open (or half-open) breaker answered at once, per the
+    /// failure policy, without asking Redis.
+    pub breaker_answered: u64,
     /// Undos sent to Redis.
     pub undos: u64,
     /// Keys in the local deny cache right now.
@@ -144,6 +160,8 @@ struct Counters {
     timeouts: AtomicU64,
     failed_open: AtomicU64,
     undos: AtomicU64,
+    /// `failures` when the last warning was logged.
+    warned_failures: AtomicU64,
 }
 
 /// A sliding-window [`Store`] in Redis, shared by every instance that points at
@@ -164,6 +182,18 @@ struct Counters {
 /// once, as [`StoreErrorKind::ConnectionRefused`], rather than at the timeout.
 /// A decision that timed out may still be counted by Redis when it gets to it
 /// (the safe side).
+///
+/// **Circuit breaker:** after 5 failed decisions in a row (by default) the
+/// store stops asking Redis for a cool-down of 100 ms, doubling after each
+/// failed probe up to 2 s, and answers every decision at once as the
+/// [`FailurePolicy`] says: unchecked, or a [`StoreError`] with the kind and
+/// source of the failure that opened it and a `Retry-After` of at least the
+/// rest of the cool-down. Then one decision probes Redis; if Redis decides it,
+/// the breaker closes. So a Redis that is down or stalled costs a decision
+/// well under a millisecond instead of the timeout, and decisions resume within
+/// one cool-down of its return. While it is closed it costs a decision one
+/// atomic load. [`CircuitBreaker`] has the details and settings;
+/// [`stats`](RedisStore::stats) its state, openings, probes and answers.
 ///
 /// **Local deny cache:** when Redis denies `cost` units of a key with
 /// `retry_after` R, this instance denies that key (for the same `cost`)
@@ -218,6 +248,7 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     counters: Counters,
     warnings: Every,
+    breaker: Option<Breaker>,
 }
 
 /// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
@@ -232,6 +263,7 @@ pub struct RedisStoreBuilder {
     closed_retry_after: Duration,
     deny_cache_capacity: usize,
     connect_timeout: Duration,
+    breaker: CircuitBreaker,
 }
 
 impl RedisStore {
@@ -254,12 +286,14 @@ impl RedisStore {
             closed_retry_after: RedisStore::DEFAULT_CLOSED_RETRY_AFTER,
             deny_cache_capacity: RedisStore::DEFAULT_DENY_CACHE_CAPACITY,
             connect_timeout: Duration::from_secs(1),
+            breaker: CircuitBreaker::default(),
         }
     }
 
     /// Counters since the store was built.
     pub fn stats(&self) -> RedisStoreStats {
         let c = &self.inner.counters;
+        let breaker = self.inner.breaker.as_ref();
         RedisStoreStats {
             decisions: c.decisions.load(Relaxed),
             round_trips: c.round_trips.load(Relaxed),
@@ -267,9 +301,21 @@ impl RedisStore {
             failures: c.failures.load(Relaxed),
             timeouts: c.timeouts.load(Relaxed),
             failed_open: c.failed_open.load(Relaxed),
+            breaker: self.breaker_state(),
+            breaker_opens: breaker.map_or(0, |b| b.opens.load(Relaxed)),
+            breaker_probes: breaker.map_or(0, |b| b.probes.load(Relaxed)),
+            breaker_answered: breaker.map_or(0, |b| b.answered.load(Relaxed)),
             undos: c.undos.load(Relaxed),
             deny_cache_len: self.inner.deny_cache.as_ref().map_or(0, DenyCache::len),
         }
+    }
+
+    /// Where the circuit breaker stands (also in [`stats`](RedisStore::stats)).
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner
+            .breaker
+            .as_ref()
+            .map_or(BreakerState::Off, Breaker::state)
     }
 
     /// The Redis key that holds `key`'s counts: `prefix{key}`.
@@ -325,6 +371,7 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &String::from_utf8_lossy(&self.inner.prefix))
             .field("timeout", &self.inner.timeout)
             .field("failure", &self.inner.failure)
+            .field("breaker", &self.breaker_state())
             .finish_non_exhaustive()
     }
 }
@@ -341,6 +388,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("closed_retry_after", &self.closed_retry_after)
             .field("deny_cache_capacity", &self.deny_cache_capacity)
             .field("connect_timeout", &self.connect_timeout)
+            .field("circuit_breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -408,6 +456,16 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// When to stop asking Redis after failures, and for how long (default
+    /// [`CircuitBreaker::default`]: open after 5 failures in a row, cool down
+    /// 100 ms doubling up to 2 s; [`CircuitBreaker::OFF`] turns it off). While
+    /// it is open, decisions are answered at once per the [`FailurePolicy`]:
+    /// see [`CircuitBreaker`].
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
     /// Timeout of one connection attempt (default 1 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -434,6 +492,9 @@ impl RedisStoreBuilder {
         };
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
+        }
+        if !self.breaker.is_off() && self.breaker.cool_down().is_zero() {
+            return Err(ConfigError::ZeroCoolDown);
         }
         let policy = self.policy;
         // Redis' TIME has microsecond resolution.
@@ -540,6 +601,7 @@ impl RedisStoreBuilder {
             closed_retry_after: self.closed_retry_after,
             counters: Counters::default(),
             warnings: Every::new(WARN_INTERVAL),
+            breaker: Breaker::new(self.breaker),
         });
         let store = RedisStore { inner };
         // Connect and load the scripts now, in the background, so the first request
@@ -870,12 +932,24 @@ impl Inner {
     }
 
     /// A remote decision for a request: the script, the deny cache fed with its
-    /// denials, and the failure policy applied to its failures.
-    async fn decide(self: Arc<Self>, user: Vec<u8>, cost: u32) -> Result<Decision, StoreError> {
+    /// denials, the circuit breaker told how it went (`probe`: this decision is
+    /// the half-open breaker's probe), and the failure policy applied to its
+    /// failures.
+    async fn decide(
+        self: Arc<Self>,
+        user: Vec<u8>,
+        cost: u32,
+        probe: bool,
+    ) -> Result<Decision, StoreError> {
+        // Dropped with the future before Redis answers, it lets the next decision probe.
+        let probe = probe
+            .then(|| self.breaker.as_ref().map(Probe::new))
+            .flatten();
         let sent = Instant::now();
         let generation = self.deny_cache.as_ref().map(|c| c.generation(&user));
         match self.run_check(&user, cost, None).await {
             Ok(decision) => {
+                self.redis_answered(probe);
                 if let (Some(cache), Some(generation), Outcome::Denied) =
                     (&self.deny_cache, generation, decision.outcome())
                 {
@@ -883,12 +957,15 @@ impl Inner {
                 }
                 Ok(decision)
             }
-            Err(failure) => self.failed(failure),
+            Err(failure) => {
+                let error = self.note_failure(failure, probe);
+                self.apply_policy(error)
+            }
         }
     }
 
-    fn failed(&self, failure: Failure) -> Result<Decision, StoreError> {
-        let error = self.note_failure(failure);
+    /// The failure policy's answer to a decision Redis could not make.
+    fn apply_policy(&self, error: StoreError) -> Result<Decision, StoreError> {
         match self.failure {
             FailurePolicy::Open => {
                 bump(&self.counters.failed_open);
@@ -898,21 +975,69 @@ impl Inner {
         }
     }
 
-    /// Count a failure and warn, at most once per [`WARN_INTERVAL`]: a Redis
-    /// outage under load must not turn into a flood of log lines.
-    fn note_failure(&self, failure: Failure) -> StoreError {
+    /// The open breaker's answer, at once: the failure policy applied to the
+    /// failure that opened it. Failing closed, `Retry-After` is at least the
+    /// rest of the cool-down.
+    #[cold]
+    fn breaker_answer(
+        &self,
+        breaker: &Breaker,
+        remaining: Duration,
+    ) -> Result<Decision, StoreError> {
+        bump(&breaker.answered);
+        match self.failure {
+            FailurePolicy::Open => {
+                bump(&self.counters.failed_open);
+                Ok(Decision::allow_unchecked(self.limit))
+            }
+            FailurePolicy::Closed => {
+                let retry_after = self.closed_retry_after.max(remaining);
+                Err(match breaker.cause() {
+                    Some(cause) => cause.with_retry_after(retry_after),
+                    None => StoreError::new(StoreErrorKind::Other, retry_after)
+                        .with_source("the Redis circuit breaker is open"),
+                })
+            }
+        }
+    }
+
+    /// Redis answered a call: the breaker's run of failures ends, and a probe
+    /// closes it.
+    fn redis_answered(&self, probe: Option<Probe<'_>>) {
+        match (probe, &self.breaker) {
+            (Some(probe), _) => probe.finish(None),
+            (None, Some(breaker)) => breaker.succeeded(),
+            (None, None) => {}
+        }
+    }
+
+    /// Count a failure, tell the breaker (a failed probe opens it again), and
+    /// warn, at most once per [`WARN_INTERVAL`]: a Redis outage under load
+    /// must not turn into a flood of log lines.
+    fn note_failure(&self, failure: Failure, probe: Option<Probe<'_>>) -> StoreError {
         let error = failure.into_error(self.closed_retry_after);
         bump(&self.counters.failures);
         if error.kind() == StoreErrorKind::Timeout {
             bump(&self.counters.timeouts);
         }
+        match (probe, &self.breaker) {
+            (Some(probe), _) => probe.finish(Some(&error)),
+            (None, Some(breaker)) => breaker.failed(&error),
+            (None, None) => {}
+        }
         if self.warnings.due(Instant::now()) {
+            let failures = self.counters.failures.load(Relaxed);
+            let since_last_warning =
+                failures.saturating_sub(self.counters.warned_failures.swap(failures, Relaxed));
             tracing::warn!(
-                failures = self.counters.failures.load(Relaxed),
+                failures_since_last_warning = since_last_warning,
+                failures,
+                timeouts = self.counters.timeouts.load(Relaxed),
                 failed_open = self.counters.failed_open.load(Relaxed),
+                breaker = ?self.breaker.as_ref().map_or(BreakerState::Off, Breaker::state),
                 policy = ?self.failure,
                 kind = ?error.kind(),
-                "{error}"
+                "Redis could not decide: {error}"
             );
         }
         error
@@ -940,8 +1065,11 @@ impl Inner {
         bump(&self.counters.undos);
         let mut invocation = self.undo.prepare_invoke();
         invocation.key(self.full_key(&user)).arg(slot).arg(cost);
-        if let Err(failure) = self.invoke::<i64>(&invocation).await {
-            self.note_failure(failure);
+        match self.invoke::<i64>(&invocation).await {
+            Ok(_) => self.redis_answered(None),
+            Err(failure) => {
+                self.note_failure(failure, None);
+            }
         }
         // A check sent before the undo reached Redis may have been denied and
         // cached meanwhile: the units are back now, so forget it again.
@@ -962,28 +1090,54 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         if let Some(d) = inner.local_answer(&user, cost) {
             return RedisFuture::ready(Ok(d));
         }
+        let probe = match inner.breaker.as_ref().map(|b| (b, b.admit(true))) {
+            None | Some((_, Admit::Ask)) => false,
+            Some((_, Admit::Probe)) => true,
+            Some((breaker, Admit::Refuse { remaining })) => {
+                return RedisFuture::ready(inner.breaker_answer(breaker, remaining));
+            }
+        };
         RedisFuture {
-            state: State::Remote(Box::pin(inner.clone().decide(user, cost))),
+            state: State::Remote(Box::pin(inner.clone().decide(user, cost, probe))),
         }
     }
 
-    /// Answers without Redis when it can: a cost above the limit, or a key the
-    /// deny cache knows is over its limit. `None` otherwise (nothing counted).
+    /// Answers without Redis when it can: a cost above the limit, a key the
+    /// deny cache knows is over its limit, or any key while the circuit
+    /// breaker is open (per the failure policy). `None` otherwise (nothing
+    /// counted).
     fn check_now(&self, key: &K, cost: u32) -> Option<Result<Decision, StoreError>> {
         let inner = &self.inner;
         let mut user = Vec::new();
         key.write_redis_key(&mut user);
-        let d = inner.local_answer(&user, cost)?;
+        let answer = match inner.local_answer(&user, cost) {
+            Some(d) => Ok(d),
+            None => match inner.breaker.as_ref().map(|b| (b, b.admit(false))) {
+                Some((breaker, Admit::Refuse { remaining })) => {
+                    inner.breaker_answer(breaker, remaining)
+                }
+                _ => return None,
+            },
+        };
         bump(&inner.counters.decisions);
-        Some(Ok(d))
+        Some(answer)
     }
 
     /// Give the units back in Redis, in a background task (fire and forget),
-    /// and drop the key from the local deny cache.
+    /// and drop the key from the local deny cache. While the circuit breaker is
+    /// not closed the units stay counted (the safe side).
     fn undo(&self, key: &K, decision: &Decision) {
         let Some((user, slot, cost)) = self.inner.undo_target(key, decision) else {
             return;
         };
+        if self
+            .inner
+            .breaker
+            .as_ref()
+            .is_some_and(|b| b.state() != BreakerState::Closed)
+        {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             bump(&self.inner.counters.failures);
             return;
