@@ -157,12 +157,37 @@ impl RedisServer {
         }
     }
 
-    /// Kill it (SIGKILL) and wait until it is gone.
+    /// Kill it (SIGKILL, which ends a paused one too) and wait until it is gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Its process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stall it: `SIGSTOP`. The kernel still accepts connections and buffers
+    /// what clients send; nothing is answered until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Let a paused server go on: `SIGCONT`.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the private redis-server runs");
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}: {status}");
     }
 
     /// Start it again on the same port; returns once it answers.
