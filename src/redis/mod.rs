@@ -257,6 +257,8 @@ pub struct RedisStoreBuilder {
     policy: Policy,
     failure: FailurePolicy,
     client: Option<Result<Client, RedisError>>,
+    /// The URL given to `url` asks for TLS (`rediss://`).
+    tls_url: bool,
     connection: Option<Connection>,
     prefix: Option<String>,
     timeout: Duration,
@@ -280,6 +282,7 @@ impl RedisStore {
             policy,
             failure,
             client: None,
+            tls_url: false,
             connection: None,
             prefix: None,
             timeout: RedisStore::DEFAULT_TIMEOUT,
@@ -394,14 +397,26 @@ impl fmt::Debug for RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// The Redis to use, as a URL (`redis://host:port/db`, `rediss://…`).
-    /// An invalid URL is reported by [`build`](RedisStoreBuilder::build).
+    /// The Redis to use, as a URL (`redis://host:port/db`, or
+    /// `rediss://host:port/db` over TLS, which needs this crate's `redis-tls`
+    /// feature and trusts the [webpki roots](https://docs.rs/webpki-roots):
+    /// for a private CA or a client certificate, give a
+    /// [`client`](RedisStoreBuilder::client) instead). An invalid URL is
+    /// reported by [`build`](RedisStoreBuilder::build):
+    /// [`ConfigError::InvalidRedisUrl`], or [`ConfigError::RedisTlsNotEnabled`]
+    /// for a `rediss://` URL without the `redis-tls` feature.
     pub fn url(mut self, url: &str) -> Self {
         self.client = Some(Client::open(url));
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        self.tls_url =
+            scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys");
         self
     }
 
-    /// The Redis to use, as a `redis` crate client.
+    /// The Redis to use, as a `redis` crate client. Over TLS (feature
+    /// `redis-tls`) with a private CA or a client certificate, build it with
+    /// `redis::Client::build_with_tls` and
+    /// `redis::TlsCertificates`.
     pub fn client(mut self, client: Client) -> Self {
         self.client = Some(Ok(client));
         self
@@ -482,6 +497,9 @@ impl RedisStoreBuilder {
         let client = match (self.client, self.connection.is_some()) {
             (Some(_), true) => return Err(ConfigError::RedisConnectionConflict),
             (Some(Ok(client)), false) => Some(client),
+            (Some(Err(_)), false) if self.tls_url && !cfg!(feature = "redis-tls") => {
+                return Err(ConfigError::RedisTlsNotEnabled)
+            }
             (Some(Err(e)), false) => {
                 return Err(ConfigError::InvalidRedisUrl {
                     source: Box::new(e),
