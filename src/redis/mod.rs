@@ -415,8 +415,7 @@ impl RedisStoreBuilder {
 
     /// The Redis to use, as a `redis` crate client. Over TLS (feature
     /// `redis-tls`) with a private CA or a client certificate, build it with
-    /// `redis::Client::build_with_tls` and
-    /// `redis::TlsCertificates`.
+    /// `redis::Client::build_with_tls` and `redis::TlsCertificates`.
     pub fn client(mut self, client: Client) -> Self {
         self.client = Some(Ok(client));
         self
