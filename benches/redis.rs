@@ -1,7 +1,9 @@
 //! The Redis store under load: decisions per second and latency with 1, 16 and 64
 //! concurrent callers, and an abusive key with and without the local deny cache.
 //! Round trips per decision are counted by Redis itself (`INFO commandstats`,
-//! EVALSHA calls before and after each row).
+//! EVALSHA calls before and after each row). Then decisions during an outage
+//! (a Redis that accepts connections and never answers, and nothing
+//! listening), with the circuit breaker on and off.
 //!
 //! Runs against a private `redis-server` (or `$REDIS_SERVER_BIN`, e.g.
 //! `valkey-server`) on an ephemeral port when the binary is
@@ -19,9 +21,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_sliding_window::redis::redis::{self, aio::MultiplexedConnection};
+use tower_sliding_window::redis::CircuitBreaker;
 use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
 
 const ROW_DURATION: Duration = Duration::from_secs(2);
+/// Each outage row: long enough for the breaker's first probes (100 and
+/// 200 ms cool-downs), short because with the breaker off every decision
+/// waits out the timeout.
+const OUTAGE_ROW_DURATION: Duration = Duration::from_secs(1);
+const OUTAGE_CALLERS: usize = 16;
 const CALLERS: [usize; 3] = [1, 16, 64];
 const SLOW_LINK: &str = "distinct keys, 1 ms link each way";
 
@@ -377,6 +385,157 @@ async fn delayed_pipe(
     }
 }
 
+/// A loopback address that accepts connections and never answers (reads and
+/// drops what it is sent, keeps the socket open): a stalled or partitioned
+/// Redis, where every request waits out the timeout.
+async fn black_hole() -> String {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind black hole");
+    let addr = listener.local_addr().expect("black hole addr");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0; 4096];
+                while let Ok(1..) = socket.read(&mut buf).await {}
+                std::future::pending::<()>().await;
+            });
+        }
+    });
+    format!("redis://{addr}")
+}
+
+/// An address nothing listens on (bound once, then released).
+fn nothing_listening() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port();
+    format!("redis://127.0.0.1:{port}")
+}
+
+struct OutageRow {
+    outage: &'static str,
+    breaker: bool,
+    decisions: u64,
+    per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+    /// Decision scripts the store sent toward Redis (each failed).
+    sent: u64,
+}
+
+/// [`OUTAGE_CALLERS`] tasks deciding distinct keys as fast as they can for
+/// [`OUTAGE_ROW_DURATION`] against a Redis that is away, failing open with
+/// the default timeout (50 ms), the default breaker or none.
+async fn outage_row(outage: &'static str, url: &str, breaker: bool) -> OutageRow {
+    let store = RedisStore::builder(
+        Policy::per(1_000_000, Duration::from_secs(60)).unwrap(),
+        FailurePolicy::Open,
+    )
+    .url(url)
+    .circuit_breaker(if breaker {
+        CircuitBreaker::default()
+    } else {
+        CircuitBreaker::OFF
+    })
+    .prefix(format!("tswbench:outage:{breaker}:"))
+    .build()
+    .expect("store builds");
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..OUTAGE_CALLERS)
+        .map(|caller| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(1 << 20);
+                let mut i = 0u64;
+                // Each caller stops by itself: an open breaker answers at once,
+                // so these loops only yield when asked to.
+                while started.elapsed() < OUTAGE_ROW_DURATION {
+                    let key = format!("user-{}", (caller as u64 * 7919 + i) % 10_000);
+                    i += 1;
+                    let t = Instant::now();
+                    let d = store.check_n(&key, 1).await.expect("failing open");
+                    latencies.push(t.elapsed());
+                    assert!(d.is_allowed());
+                    if i % 256 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("caller task"));
+    }
+    let elapsed = started.elapsed();
+    latencies.sort_unstable();
+    let decisions = latencies.len() as u64;
+    let pct = |p: f64| latencies[((decisions as f64 - 1.0) * p) as usize];
+    OutageRow {
+        outage,
+        breaker,
+        decisions,
+        per_sec: decisions as f64 / elapsed.as_secs_f64(),
+        p50: pct(0.50),
+        p99: pct(0.99),
+        sent: store.stats().round_trips,
+    }
+}
+
+async fn outage_rows() {
+    let stalled = black_hole().await;
+    let refused = nothing_listening();
+    let mut rows = Vec::new();
+    for (outage, url) in [
+        ("stalled (accepts, never answers)", &stalled),
+        ("nothing listening (refused)", &refused),
+    ] {
+        for breaker in [true, false] {
+            rows.push(outage_row(outage, url, breaker).await);
+        }
+    }
+    println!(
+        "\nDuring an outage: {OUTAGE_CALLERS} callers failing open, timeout 50 ms, \
+         {OUTAGE_ROW_DURATION:?} per row\n"
+    );
+    println!("| outage | circuit breaker | decisions/s | p50 | p99 | sent to Redis |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.0} | {} | {} | {} of {} |",
+            r.outage,
+            if r.breaker { "default" } else { "off" },
+            r.per_sec,
+            fine(r.p50),
+            fine(r.p99),
+            r.sent,
+            r.decisions
+        );
+    }
+    let per_sec = |outage: &str, breaker: bool| {
+        rows.iter()
+            .find(|r| r.outage.starts_with(outage) && r.breaker == breaker)
+            .map_or(0.0, |r| r.per_sec)
+    };
+    println!(
+        "\nstalled Redis, breaker on / off: {:.0}×",
+        per_sec("stalled", true) / per_sec("stalled", false)
+    );
+}
+
+/// A latency in ns below a microsecond (the open breaker's answers), else in µs.
+fn fine(d: Duration) -> String {
+    if d < Duration::from_micros(1) {
+        format!("{} ns", d.as_nanos())
+    } else {
+        us(d)
+    }
+}
+
 fn us(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
@@ -391,6 +550,8 @@ async fn run() {
     };
     let Some(mut admin) = connect(&url).await else {
         eprintln!("SKIPPED: benches/redis.rs: no redis-server binary and no Redis at {url}");
+        // The outage rows need no Redis.
+        outage_rows().await;
         return;
     };
     let where_ = if _server.is_some() {
@@ -495,6 +656,8 @@ async fn run() {
     let cache_gain =
         per_sec("abusive key, deny cache", 64) / per_sec("abusive key, no deny cache", 64);
     println!("abusive key at 64 callers, deny cache on / off: {cache_gain:.1}×");
+
+    outage_rows().await;
 }
 
 fn main() {

@@ -123,15 +123,21 @@ pub enum ConfigError {
     NoRedis,
     /// A Redis store was given both a URL or client and a connection.
     RedisConnectionConflict,
-    /// The Redis URL could not be parsed or names a feature not compiled in
-    /// (`rediss://` needs TLS support); the source says why. The URL itself
-    /// is not kept: it may hold a password.
+    /// The Redis URL could not be parsed or names a feature not compiled in;
+    /// the source says why. The URL itself is not kept: it may hold a
+    /// password.
     InvalidRedisUrl {
         /// The `redis` crate's error.
         source: Box<dyn Error + Send + Sync>,
     },
+    /// A `rediss://` (TLS) URL, in a build without this crate's `redis-tls`
+    /// feature.
+    RedisTlsNotEnabled,
     /// A store timeout of zero: every decision would fail.
     ZeroTimeout,
+    /// A Redis circuit breaker with a cool-down of zero: it would probe Redis
+    /// on every decision. Turn it off with `CircuitBreaker::OFF` instead.
+    ZeroCoolDown,
     /// An interpolated policy too large for the Redis script's arithmetic
     /// (Lua numbers are doubles): (limit + 1) × bucket width in µs must stay
     /// below 2^53. Use a lower limit, narrower buckets or strict precision.
@@ -214,7 +220,13 @@ impl fmt::Display for ConfigError {
                 "the Redis store takes either a URL or client, or a connection, not both",
             ),
             ConfigError::InvalidRedisUrl { source } => write!(f, "invalid Redis URL: {source}"),
+            ConfigError::RedisTlsNotEnabled => f.write_str(
+                "a rediss:// (TLS) URL needs the tower-sliding-window feature `redis-tls`",
+            ),
             ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
+            ConfigError::ZeroCoolDown => f.write_str(
+                "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)",
+            ),
             ConfigError::InterpolationOutOfRange => f.write_str(
                 "interpolated precision on Redis needs (limit + 1) × bucket width in µs below \
                  2^53; use a lower limit, narrower buckets or strict precision",

@@ -112,7 +112,8 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | off | [`RedisStore`], a [`Store`] in Redis shared by a fleet of instances, with the same strict guarantee (one Lua script per decision on Redis' own clock, hash-tagged keys that expire by themselves, a timeout with an explicit fail-open / fail-closed choice, and a local deny cache) |
+//! | `redis` | off | [`RedisStore`], a [`Store`] in Redis shared by a fleet of instances, with the same strict guarantee (one Lua script per decision on Redis' own clock, hash-tagged keys that expire by themselves, a timeout with an explicit fail-open / fail-closed choice, a circuit breaker that answers at once while Redis is down, and a local deny cache) |
+//! | `redis-tls` | off | `redis`, and Redis over TLS: `rediss://` URLs, through the `redis` crate's rustls support (ring, with webpki-roots' trust anchors; a private CA through [`RedisStoreBuilder::client`](redis::RedisStoreBuilder::client)) |
 //! | `axum` | off | [`PeerIp`] and [`ClientIp`] read axum 0.8's `ConnectInfo<SocketAddr>` extension (without it they read a plain `SocketAddr` extension) |
 //! | `metrics` | off | decision counters, tracked keys, wait times and Redis round trips through the `metrics` facade ([guide](guide::observability)) |
 

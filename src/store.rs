@@ -124,6 +124,12 @@ impl StoreError {
         self
     }
 
+    /// The same failure, suggesting clients retry after `retry_after`.
+    pub(crate) fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
     /// What kind of failure this is.
     pub fn kind(&self) -> StoreErrorKind {
         self.kind

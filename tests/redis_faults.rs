@@ -1,8 +1,11 @@
 //! The Redis store when Redis misbehaves, against private `redis-server`s on
 //! ephemeral loopback ports (never the shared one): nothing listening, killed,
-//! stalled (`CLIENT PAUSE`), scripts flushed. Every check is answered within the
-//! timeout plus a margin, as the failure policy says, and decisions are enforced
-//! again soon after Redis returns. The tests that start a `redis-server` are
+//! stalled (`CLIENT PAUSE`, `SIGSTOP`), scripts flushed. Every check is answered
+//! within the timeout plus a margin, as the failure policy says, and decisions
+//! are enforced again soon after Redis returns. The circuit breaker's tests:
+//! it opens after its run of failures, answers at once while open (with the
+//! real cause), probes once per cool-down (doubling after a failed probe), and
+//! closes within a cool-down of Redis' return. The tests that start a `redis-server` are
 //! `#[ignore]`d: run them with `-- --include-ignored` where it is installed.
 //!
 //! Elapsed times are measured on the real clock and asserted generously: they are
@@ -13,7 +16,10 @@ mod redis_support;
 
 use redis_support::*;
 use std::time::{Duration, Instant};
-use tower_sliding_window::{Decision, FailurePolicy, Policy, RedisStore, Store, StoreError};
+use tower_sliding_window::redis::{BreakerState, CircuitBreaker};
+use tower_sliding_window::{
+    Decision, FailurePolicy, Policy, RedisStore, Store, StoreError, StoreErrorKind,
+};
 
 /// The per-call timeout under test. Above the 50 ms default so that a check on a
 /// healthy Redis never times out on a loaded CI machine (which would turn an
@@ -138,12 +144,18 @@ async fn nothing_listening_is_answered_within_the_timeout_open_or_closed() {
     let closed = store(&url, FailurePolicy::Closed, &prefix);
     for round in 0..3 {
         assert_failed_within_timeout(&burst(&open, "k").await, FailurePolicy::Open, "open");
-        assert_failed_within_timeout(&burst(&closed, "k").await, FailurePolicy::Closed, "closed");
+        let refused = burst(&closed, "k").await;
+        assert_failed_within_timeout(&refused, FailurePolicy::Closed, "closed");
+        // The cause, not a timeout: nothing listens, so the connection is refused.
+        for (result, _) in &refused {
+            let error = result.as_ref().unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::ConnectionRefused, "{error}");
+            assert!(std::error::Error::source(error).is_some(), "{error:?}");
+        }
+        // Each check failed in Redis or was answered by the open breaker.
         let s = open.stats();
-        assert_eq!(
-            (s.failures, s.failed_open),
-            (16 * (round + 1), 16 * (round + 1))
-        );
+        assert_eq!(s.failed_open, 16 * (round + 1));
+        assert_eq!(s.failures + s.breaker_answered, 16 * (round + 1), "{s:?}");
     }
     assert_eq!(closed.stats().failed_open, 0);
     // Undo without Redis is fire-and-forget: it returns at once and never panics.
@@ -502,10 +514,9 @@ async fn a_connection_gone_silent_is_replaced_with_a_timeout_above_half_a_second
     assert!(store.stats().timeouts >= 3);
 }
 
-/// `reconnect_max_delay` "bounds how soon decisions resume once [Redis] is
-/// back": Redis down when the store is built, up 1.5 s later; a check 1 s
-/// after it answers (the 100 ms default delay, doubled by jitter, with room for
-/// a loaded machine) is decided by Redis.
+/// Redis down when the store is built, up 1.5 s later: a check 1 s after it
+/// answers is decided by Redis (the failed attempts before are no reason to
+/// fail it).
 #[tokio::test]
 #[ignore = "starts redis-server (or REDIS_SERVER_BIN): run with -- --include-ignored"]
 async fn decisions_resume_once_a_redis_down_at_start_is_back() {
@@ -587,11 +598,318 @@ async fn a_redis_out_of_memory_is_reported_as_such() {
             .unwrap();
     }
     let error = s.check_n(&"k", 1).await.unwrap_err();
-    assert_eq!(
-        error.kind(),
-        tower_sliding_window::StoreErrorKind::OutOfMemory,
-        "{error}"
-    );
+    assert_eq!(error.kind(), StoreErrorKind::OutOfMemory, "{error}");
     assert!(std::error::Error::source(&error).is_some(), "{error:?}");
     assert_eq!(error.retry_after(), CLOSED_RETRY_AFTER);
+}
+
+// The circuit breaker. Each test uses short timeouts and cool-downs on real
+// time (Redis runs on it); every wait polls a condition with a deadline.
+
+/// Failed decisions in a row that open the breakers under test.
+const BREAKER_FAILURES: u32 = 3;
+const COOL_DOWN: Duration = Duration::from_millis(200);
+const MAX_COOL_DOWN: Duration = Duration::from_millis(800);
+/// Decisions timed while a breaker is open.
+const TIMED_DECISIONS: usize = 200;
+
+fn breaker_store(url: &str, failure: FailurePolicy, prefix: &str) -> RedisStore {
+    RedisStore::builder(Policy::per(3, Duration::from_secs(10)).unwrap(), failure)
+        .url(url)
+        .timeout(TIMEOUT)
+        .closed_retry_after(CLOSED_RETRY_AFTER)
+        .circuit_breaker(CircuitBreaker::new(
+            BREAKER_FAILURES,
+            COOL_DOWN,
+            MAX_COOL_DOWN,
+        ))
+        .prefix(prefix)
+        .build()
+        .unwrap()
+}
+
+/// The cool-down in force once the probes sent so far have all failed: the
+/// first, doubled after each failed probe, up to the maximum.
+fn cool_down_after(probes: u64) -> Duration {
+    COOL_DOWN
+        .saturating_mul(1 << probes.min(16))
+        .min(MAX_COOL_DOWN)
+}
+
+/// Check one key after another until the breaker opens, asserting it opens
+/// at exactly the configured failure; the kinds of those failures (`None`
+/// for a check failing open, let through unchecked).
+async fn fail_until_open(store: &RedisStore, what: &str) -> Vec<Option<StoreErrorKind>> {
+    let mut kinds = Vec::new();
+    for i in 1..=BREAKER_FAILURES {
+        assert_eq!(
+            store.stats().breaker,
+            BreakerState::Closed,
+            "{what}: failure {i}"
+        );
+        let start = Instant::now();
+        let result = store.check_n(&format!("down-{i}"), 1).await;
+        assert!(
+            start.elapsed() < TIMEOUT + MARGIN,
+            "{what}: {:?}",
+            start.elapsed()
+        );
+        kinds.push(match (&result, store.stats().failed_open) {
+            (Err(e), _) => Some(e.kind()),
+            (Ok(d), n) if d.is_unchecked() && n == u64::from(i) => None,
+            (other, _) => panic!("{what}: failure {i} answered {other:?}"),
+        });
+    }
+    let stats = store.stats();
+    assert_eq!(stats.breaker, BreakerState::Open, "{what}: {stats:?}");
+    assert_eq!(
+        (stats.breaker_opens, stats.breaker_answered),
+        (1, 0),
+        "{what}"
+    );
+    kinds
+}
+
+/// [`TIMED_DECISIONS`] decisions, one after another, while the breaker is
+/// open: each answered as `failure` says (failing closed, with the error of
+/// `kind` that opened the breaker, its source, and a `Retry-After` of at
+/// least the closed one); the median under 1 ms, none past the timeout (a
+/// probe may be among them). Only probes reach Redis.
+async fn assert_answered_at_once(
+    store: &RedisStore,
+    failure: FailurePolicy,
+    kind: StoreErrorKind,
+    what: &str,
+) {
+    let before = store.stats();
+    let mut elapsed = Vec::with_capacity(TIMED_DECISIONS);
+    for i in 0..TIMED_DECISIONS {
+        let start = Instant::now();
+        let result = store.check_n(&format!("open-{i}"), 1).await;
+        elapsed.push(start.elapsed());
+        match (failure, &result) {
+            (FailurePolicy::Open, Ok(d)) => {
+                assert!(d.is_allowed() && d.is_unchecked(), "{what}: {d:?}")
+            }
+            (FailurePolicy::Closed, Err(e)) => {
+                assert_eq!(e.kind(), kind, "{what}: {e}");
+                assert!(std::error::Error::source(e).is_some() || kind == StoreErrorKind::Timeout);
+                assert!(e.retry_after() >= CLOSED_RETRY_AFTER, "{what}: {e:?}");
+            }
+            (_, other) => panic!("{what}: {failure:?} store answered {other:?}"),
+        }
+    }
+    elapsed.sort_unstable();
+    let (median, slowest) = (elapsed[TIMED_DECISIONS / 2], elapsed[TIMED_DECISIONS - 1]);
+    eprintln!("{what}: {TIMED_DECISIONS} decisions with the breaker open, median {median:?}, slowest {slowest:?}");
+    assert!(
+        median < Duration::from_millis(1),
+        "{what}: median {median:?}"
+    );
+    assert!(slowest < TIMEOUT + MARGIN, "{what}: slowest {slowest:?}");
+    let after = store.stats();
+    let probes = after.breaker_probes - before.breaker_probes;
+    assert_eq!(
+        after.breaker_answered - before.breaker_answered,
+        TIMED_DECISIONS as u64 - probes,
+        "{what}: {after:?}"
+    );
+    assert_eq!(
+        after.failures - before.failures,
+        probes,
+        "{what}: only probes reach Redis"
+    );
+}
+
+/// Redis is back (from `returned` on): check every few ms until `store`
+/// decides by Redis again, which must come within the cool-down in force
+/// (plus the timeout of a probe still in flight, and a margin).
+async fn assert_back_within_a_cool_down(store: &RedisStore, returned: Instant, what: &str) {
+    let bound = cool_down_after(store.stats().breaker_probes) + TIMEOUT + MARGIN;
+    let mut i = 0u32;
+    loop {
+        i += 1;
+        let result = store.check_n(&format!("back-{i}"), 1).await;
+        if matches!(&result, Ok(d) if !d.is_unchecked()) {
+            break;
+        }
+        assert!(
+            returned.elapsed() < bound,
+            "{what}: not decided by Redis {:?} after it returned: {result:?}, {:?}",
+            returned.elapsed(),
+            store.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = returned.elapsed();
+    eprintln!("{what}: decided by Redis again {took:?} after it returned (bound {bound:?})");
+    assert_eq!(store.stats().breaker, BreakerState::Closed, "{what}");
+}
+
+#[tokio::test]
+#[ignore = "starts redis-server (or REDIS_SERVER_BIN): run with -- --include-ignored"]
+async fn the_breaker_answers_at_once_while_redis_is_killed_and_closes_when_it_returns() {
+    let test = "the_breaker_answers_at_once_while_redis_is_killed_and_closes_when_it_returns";
+    let mut server = RedisServer::start(test).await;
+    let prefix = unique_prefix(test);
+    let open = warmed(breaker_store(&server.url(), FailurePolicy::Open, &prefix)).await;
+    let closed = warmed(breaker_store(&server.url(), FailurePolicy::Closed, &prefix)).await;
+    assert_enforced(&open, "before").await;
+
+    server.kill();
+    fail_until_open(&open, "open").await;
+    let kinds = fail_until_open(&closed, "closed").await;
+    // The first may meet the dropped connection; then nothing listens.
+    assert_eq!(
+        kinds.last(),
+        Some(&Some(StoreErrorKind::ConnectionRefused)),
+        "{kinds:?}"
+    );
+    assert_answered_at_once(
+        &open,
+        FailurePolicy::Open,
+        StoreErrorKind::ConnectionRefused,
+        "open",
+    )
+    .await;
+    assert_answered_at_once(
+        &closed,
+        FailurePolicy::Closed,
+        StoreErrorKind::ConnectionRefused,
+        "closed",
+    )
+    .await;
+
+    server.restart().await;
+    let returned = Instant::now();
+    assert_back_within_a_cool_down(&open, returned, "open").await;
+    assert_back_within_a_cool_down(&closed, returned, "closed").await;
+    // The restarted Redis lost the counts: enforced anew.
+    assert_enforced(&closed, "after").await;
+}
+
+#[tokio::test]
+#[ignore = "starts redis-server (or REDIS_SERVER_BIN): run with -- --include-ignored"]
+async fn the_breaker_answers_at_once_while_redis_is_stalled_and_closes_when_it_resumes() {
+    let test = "the_breaker_answers_at_once_while_redis_is_stalled_and_closes_when_it_resumes";
+    let server = RedisServer::start(test).await;
+    let prefix = unique_prefix(test);
+    let open = warmed(breaker_store(&server.url(), FailurePolicy::Open, &prefix)).await;
+    let closed = warmed(breaker_store(&server.url(), FailurePolicy::Closed, &prefix)).await;
+    assert_enforced(&open, "before").await;
+
+    // SIGSTOP: connections are accepted and requests buffered, never answered.
+    server.pause();
+    let (_, kinds) = tokio::join!(
+        fail_until_open(&open, "open"),
+        fail_until_open(&closed, "closed")
+    );
+    assert_eq!(
+        kinds,
+        vec![Some(StoreErrorKind::Timeout); BREAKER_FAILURES as usize]
+    );
+    assert!(open.stats().timeouts >= u64::from(BREAKER_FAILURES));
+    assert_answered_at_once(&open, FailurePolicy::Open, StoreErrorKind::Timeout, "open").await;
+    assert_answered_at_once(
+        &closed,
+        FailurePolicy::Closed,
+        StoreErrorKind::Timeout,
+        "closed",
+    )
+    .await;
+
+    server.resume();
+    let returned = Instant::now();
+    assert_back_within_a_cool_down(&open, returned, "open").await;
+    assert_back_within_a_cool_down(&closed, returned, "closed").await;
+    // Counted on from before the stall ("before" is at its limit).
+    assert!(!closed.check_n(&"before", 1).await.unwrap().is_allowed());
+}
+
+/// With nothing listening (no Redis needed): a probe that fails opens the
+/// breaker again for twice the cool-down, up to the maximum, and each probe
+/// waits out its cool-down.
+#[tokio::test]
+async fn a_failed_probe_opens_the_breaker_again_for_a_longer_cool_down() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let store = breaker_store(&url, FailurePolicy::Closed, &unique_prefix("failed_probe"));
+    fail_until_open(&store, "closed").await;
+    let mut opened = Instant::now();
+    let mut probes_seen = 0;
+    // Probes 1..=4 follow cool-downs of 200, 400, 800 and 800 ms.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while probes_seen < 4 {
+        let result = store.check_n(&"k", 1).await;
+        assert_eq!(
+            result.unwrap_err().kind(),
+            StoreErrorKind::ConnectionRefused
+        );
+        let stats = store.stats();
+        if stats.breaker_probes > probes_seen {
+            let waited = opened.elapsed();
+            let cool_down = cool_down_after(probes_seen);
+            eprintln!(
+                "probe {} after {waited:?} (cool-down {cool_down:?})",
+                probes_seen + 1
+            );
+            // The clock is read in whole µs: allow a rounding below the cool-down.
+            assert!(
+                waited + Duration::from_millis(1) >= cool_down,
+                "{waited:?} < {cool_down:?}"
+            );
+            assert!(waited < cool_down + MARGIN, "{waited:?} for {cool_down:?}");
+            // The probe failed at once (refused), so it is open again.
+            assert_eq!(stats.breaker, BreakerState::Open);
+            assert_eq!(stats.breaker_opens, 1, "a failed probe is no new opening");
+            probes_seen = stats.breaker_probes;
+            opened = Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {probes_seen} probes in 10 s: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(store.stats().failures, u64::from(BREAKER_FAILURES) + 4);
+}
+
+/// `CircuitBreaker::OFF`: every decision asks Redis (and, with nothing
+/// listening, fails at once as refused); a zero cool-down is refused.
+#[tokio::test]
+async fn without_a_breaker_every_decision_asks_redis() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let store = RedisStore::builder(
+        Policy::per(3, Duration::from_secs(10)).unwrap(),
+        FailurePolicy::Closed,
+    )
+    .url(&url)
+    .timeout(TIMEOUT)
+    .circuit_breaker(CircuitBreaker::OFF)
+    .build()
+    .unwrap();
+    for _ in 0..20 {
+        let start = Instant::now();
+        let error = store.check_n(&"k", 1).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::ConnectionRefused, "{error}");
+        assert!(start.elapsed() < TIMEOUT, "{:?}", start.elapsed());
+    }
+    let stats = store.stats();
+    assert_eq!(stats.breaker, BreakerState::Off);
+    assert_eq!((stats.failures, stats.breaker_answered), (20, 0));
+
+    let zero = RedisStore::builder(
+        Policy::per(3, Duration::from_secs(10)).unwrap(),
+        FailurePolicy::Closed,
+    )
+    .url(&url)
+    .circuit_breaker(CircuitBreaker::new(
+        3,
+        Duration::ZERO,
+        Duration::from_secs(1),
+    ))
+    .build();
+    assert!(matches!(
+        zero,
+        Err(tower_sliding_window::ConfigError::ZeroCoolDown)
+    ));
 }

@@ -331,6 +331,36 @@ async fn invalid_settings_are_rejected_at_build() {
     assert!(matches!(err, ConfigError::InvalidRedisPrefix { .. }));
 }
 
+/// Without the `redis-tls` feature a `rediss://` URL is refused at build,
+/// naming the feature (this runs in builds without it, such as
+/// `cargo test --features redis`; tests/redis_tls.rs covers builds with it).
+#[cfg(not(feature = "redis-tls"))]
+#[tokio::test]
+async fn a_rediss_url_names_the_feature_it_needs() {
+    for url in ["rediss://127.0.0.1:6380", "REDISS://127.0.0.1:6380/0"] {
+        let err = RedisStore::builder(policy(5, Duration::from_secs(1), 10), FailurePolicy::Open)
+            .url(url)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(err, ConfigError::RedisTlsNotEnabled),
+            "{url}: {err:?}"
+        );
+        assert!(err.to_string().contains("redis-tls"), "{err}");
+    }
+}
+
+/// With the `redis-tls` feature a `rediss://` URL builds (connecting is
+/// tests/redis_tls.rs' business).
+#[cfg(feature = "redis-tls")]
+#[tokio::test]
+async fn a_rediss_url_builds_with_the_tls_feature() {
+    RedisStore::builder(policy(5, Duration::from_secs(1), 10), FailurePolicy::Open)
+        .url("rediss://127.0.0.1:6380")
+        .build()
+        .unwrap();
+}
+
 #[test]
 fn building_outside_a_tokio_runtime_is_an_error_not_a_panic() {
     let err = RedisStore::builder(policy(5, Duration::from_secs(1), 10), FailurePolicy::Open)

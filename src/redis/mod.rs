@@ -13,15 +13,19 @@
 //!
 //! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
-//! reconnects by itself in the background when Redis returns; after 3
+//! reconnects when it drops. It makes one connection attempt at a time, so a
+//! refused connection fails the decision at once with its cause instead of
+//! holding it until the timeout; the next decision tries again. After 3
 //! timeouts in a row the store replaces it, since a connection gone silent
 //! without closing is not one the manager notices.
 //! [`RedisStoreBuilder::connection`] takes any other `redis` crate async
 //! connection instead, such as a cluster connection for Redis Cluster.
 
+mod breaker;
 mod deny_cache;
 mod key;
 
+pub use breaker::{BreakerState, CircuitBreaker};
 pub use key::RedisKey;
 
 /// The `redis` crate this store is built on, for
@@ -37,6 +41,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{
     Client, ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind,
 };
+use breaker::{Admit, Breaker, Probe};
 use deny_cache::DenyCache;
 use std::fmt;
 use std::future::Future;
@@ -53,6 +58,10 @@ const UNDO_SCRIPT: &str = include_str!("undo.lua");
 const LUA_EXACT: u128 = 1 << 53;
 /// How long the background task started by `build` keeps trying to connect.
 const BACKGROUND_WARM_UP: Duration = Duration::from_secs(10);
+/// Pauses between the warm-up's connection attempts: short at first, so a
+/// Redis that starts with the app is found at once, then doubling.
+const WARM_UP_MIN_PAUSE: Duration = Duration::from_millis(10);
+const WARM_UP_MAX_PAUSE: Duration = Duration::from_millis(200);
 /// At most one failure warning per this interval (the counters keep the total).
 const WARN_INTERVAL: Duration = Duration::from_secs(1);
 /// Timeouts in a row after which the managed connection is replaced: a
@@ -102,7 +111,8 @@ pub enum FailurePolicy {
     /// `tracing` warning and the `failed_open` counter. Availability over the limit.
     Open,
     /// Refuse to decide: the check returns a [`StoreError`] carrying a
-    /// `Retry-After` suggestion, which the layer answers with 503.
+    /// `Retry-After` suggestion (while the circuit breaker is open, at least
+    /// the rest of its cool-down), which the layer answers with 503.
     Closed,
 }
 
@@ -116,13 +126,25 @@ pub struct RedisStoreStats {
     pub round_trips: u64,
     /// Checks denied by the local deny cache, without a round trip.
     pub deny_cache_hits: u64,
-    /// Checks and undos that failed: Redis down, an error reply, or the timeout.
+    /// Checks and undos sent to Redis that failed: Redis down, an error reply,
+    /// or the timeout (the decisions the open circuit breaker answers are not
+    /// among them: see `breaker_answered`).
     pub failures: u64,
     /// Of those, the ones that hit the timeout.
     pub timeouts: u64,
-    /// Checks let through unchecked because Redis failed and the policy is
-    /// [`FailurePolicy::Open`].
+    /// Checks let through unchecked because Redis failed or the circuit
+    /// breaker was open, and the policy is [`FailurePolicy::Open`].
     pub failed_open: u64,
+    /// Where the circuit breaker stands now.
+    pub breaker: BreakerState,
+    /// Times the circuit breaker opened after a run of failures (a failed
+    /// probe that opens it again is not counted here).
+    pub breaker_opens: u64,
+    /// Probes sent to Redis by the half-open breaker.
+    pub breaker_probes: u64,
+    /// Checks the open (or half-open) breaker answered at once, per the
+    /// failure policy, without asking Redis.
+    pub breaker_answered: u64,
     /// Undos sent to Redis.
     pub undos: u64,
     /// Keys in the local deny cache right now.
@@ -138,6 +160,8 @@ struct Counters {
     timeouts: AtomicU64,
     failed_open: AtomicU64,
     undos: AtomicU64,
+    /// `failures` when the last warning was logged.
+    warned_failures: AtomicU64,
 }
 
 /// A sliding-window [`Store`] in Redis, shared by every instance that points at
@@ -154,8 +178,22 @@ struct Counters {
 ///
 /// **Failures:** each decision waits at most the [timeout](RedisStoreBuilder::timeout),
 /// connecting included; then, or when Redis is down or answers an error, the
-/// [`FailurePolicy`] decides. A decision that timed out may still be counted by
-/// Redis when it gets to it (the safe side).
+/// [`FailurePolicy`] decides. A refused connection (nothing listening) fails at
+/// once, as [`StoreErrorKind::ConnectionRefused`], rather than at the timeout.
+/// A decision that timed out may still be counted by Redis when it gets to it
+/// (the safe side).
+///
+/// **Circuit breaker:** after 5 failed decisions in a row (by default) the
+/// store stops asking Redis for a cool-down of 100 ms, doubling after each
+/// failed probe up to 2 s, and answers every decision at once as the
+/// [`FailurePolicy`] says: unchecked, or a [`StoreError`] with the kind and
+/// source of the failure that opened it and a `Retry-After` of at least the
+/// rest of the cool-down. Then one decision probes Redis; if Redis decides it,
+/// the breaker closes. So a Redis that is down or stalled costs a decision
+/// well under a millisecond instead of the timeout, and decisions resume within
+/// one cool-down of its return. While it is closed it costs a decision one
+/// atomic load. [`CircuitBreaker`] has the details and settings;
+/// [`stats`](RedisStore::stats) its state, openings, probes and answers.
 ///
 /// **Local deny cache:** when Redis denies `cost` units of a key with
 /// `retry_after` R, this instance denies that key (for the same `cost`)
@@ -210,6 +248,7 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     counters: Counters,
     warnings: Every,
+    breaker: Option<Breaker>,
 }
 
 /// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
@@ -218,13 +257,15 @@ pub struct RedisStoreBuilder {
     policy: Policy,
     failure: FailurePolicy,
     client: Option<Result<Client, RedisError>>,
+    /// The URL given to `url` asks for TLS (`rediss://`).
+    tls_url: bool,
     connection: Option<Connection>,
     prefix: Option<String>,
     timeout: Duration,
     closed_retry_after: Duration,
     deny_cache_capacity: usize,
-    reconnect_max_delay: Duration,
     connect_timeout: Duration,
+    breaker: CircuitBreaker,
 }
 
 impl RedisStore {
@@ -241,19 +282,21 @@ impl RedisStore {
             policy,
             failure,
             client: None,
+            tls_url: false,
             connection: None,
             prefix: None,
             timeout: RedisStore::DEFAULT_TIMEOUT,
             closed_retry_after: RedisStore::DEFAULT_CLOSED_RETRY_AFTER,
             deny_cache_capacity: RedisStore::DEFAULT_DENY_CACHE_CAPACITY,
-            reconnect_max_delay: Duration::from_millis(100),
             connect_timeout: Duration::from_secs(1),
+            breaker: CircuitBreaker::default(),
         }
     }
 
     /// Counters since the store was built.
     pub fn stats(&self) -> RedisStoreStats {
         let c = &self.inner.counters;
+        let breaker = self.inner.breaker.as_ref();
         RedisStoreStats {
             decisions: c.decisions.load(Relaxed),
             round_trips: c.round_trips.load(Relaxed),
@@ -261,9 +304,21 @@ impl RedisStore {
             failures: c.failures.load(Relaxed),
             timeouts: c.timeouts.load(Relaxed),
             failed_open: c.failed_open.load(Relaxed),
+            breaker: self.breaker_state(),
+            breaker_opens: breaker.map_or(0, |b| b.opens.load(Relaxed)),
+            breaker_probes: breaker.map_or(0, |b| b.probes.load(Relaxed)),
+            breaker_answered: breaker.map_or(0, |b| b.answered.load(Relaxed)),
             undos: c.undos.load(Relaxed),
             deny_cache_len: self.inner.deny_cache.as_ref().map_or(0, DenyCache::len),
         }
+    }
+
+    /// Where the circuit breaker stands (also in [`stats`](RedisStore::stats)).
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner
+            .breaker
+            .as_ref()
+            .map_or(BreakerState::Off, Breaker::state)
     }
 
     /// The Redis key that holds `key`'s counts: `prefix{key}`.
@@ -274,8 +329,10 @@ impl RedisStore {
     }
 
     /// Wait (up to the timeout) until Redis answers and the decision scripts are
-    /// loaded. Optional: the first decision loads them too; useful at startup to
-    /// find out early whether Redis is reachable.
+    /// loaded, trying again every few milliseconds while the connection fails.
+    /// Optional: the first decision loads them too; useful at startup to find
+    /// out early whether Redis is reachable. The error is the last connection
+    /// failure (say, refused) when there was one.
     pub async fn warm_up(&self) -> Result<(), StoreError> {
         self.inner.load_scripts(self.inner.timeout).await
     }
@@ -317,6 +374,7 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &String::from_utf8_lossy(&self.inner.prefix))
             .field("timeout", &self.inner.timeout)
             .field("failure", &self.inner.failure)
+            .field("breaker", &self.breaker_state())
             .finish_non_exhaustive()
     }
 }
@@ -332,21 +390,32 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("timeout", &self.timeout)
             .field("closed_retry_after", &self.closed_retry_after)
             .field("deny_cache_capacity", &self.deny_cache_capacity)
-            .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("connect_timeout", &self.connect_timeout)
+            .field("circuit_breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisStoreBuilder {
-    /// The Redis to use, as a URL (`redis://host:port/db`, `rediss://…`).
-    /// An invalid URL is reported by [`build`](RedisStoreBuilder::build).
+    /// The Redis to use, as a URL (`redis://host:port/db`, or
+    /// `rediss://host:port/db` over TLS, which needs this crate's `redis-tls`
+    /// feature and trusts the [webpki roots](https://docs.rs/webpki-roots):
+    /// for a private CA or a client certificate, give a
+    /// [`client`](RedisStoreBuilder::client) instead). An invalid URL is
+    /// reported by [`build`](RedisStoreBuilder::build):
+    /// [`ConfigError::InvalidRedisUrl`], or [`ConfigError::RedisTlsNotEnabled`]
+    /// for a `rediss://` URL without the `redis-tls` feature.
     pub fn url(mut self, url: &str) -> Self {
         self.client = Some(Client::open(url));
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        self.tls_url =
+            scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys");
         self
     }
 
-    /// The Redis to use, as a `redis` crate client.
+    /// The Redis to use, as a `redis` crate client. Over TLS (feature
+    /// `redis-tls`) with a private CA or a client certificate, build it with
+    /// `redis::Client::build_with_tls` and `redis::TlsCertificates`.
     pub fn client(mut self, client: Client) -> Self {
         self.client = Some(Ok(client));
         self
@@ -401,10 +470,13 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Longest pause between reconnection attempts while Redis is away (default
-    /// 100 ms, plus jitter), which bounds how soon decisions resume once it is back.
-    pub fn reconnect_max_delay(mut self, delay: Duration) -> Self {
-        self.reconnect_max_delay = delay;
+    /// When to stop asking Redis after failures, and for how long (default
+    /// [`CircuitBreaker::default`]: open after 5 failures in a row, cool down
+    /// 100 ms doubling up to 2 s; [`CircuitBreaker::OFF`] turns it off). While
+    /// it is open, decisions are answered at once per the [`FailurePolicy`]:
+    /// see [`CircuitBreaker`].
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
         self
     }
 
@@ -424,6 +496,9 @@ impl RedisStoreBuilder {
         let client = match (self.client, self.connection.is_some()) {
             (Some(_), true) => return Err(ConfigError::RedisConnectionConflict),
             (Some(Ok(client)), false) => Some(client),
+            (Some(Err(_)), false) if self.tls_url && !cfg!(feature = "redis-tls") => {
+                return Err(ConfigError::RedisTlsNotEnabled)
+            }
             (Some(Err(e)), false) => {
                 return Err(ConfigError::InvalidRedisUrl {
                     source: Box::new(e),
@@ -434,6 +509,9 @@ impl RedisStoreBuilder {
         };
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
+        }
+        if !self.breaker.is_off() && self.breaker.cool_down().is_zero() {
+            return Err(ConfigError::ZeroCoolDown);
         }
         let policy = self.policy;
         // Redis' TIME has microsecond resolution.
@@ -494,12 +572,12 @@ impl RedisStoreBuilder {
                     // an error reply it would not count toward replacing a
                     // connection gone silent.
                     .set_response_timeout(None)
-                    .set_min_delay(Duration::from_millis(10).min(self.reconnect_max_delay))
-                    .set_max_delay(self.reconnect_max_delay)
-                    // Keep trying while Redis is away (the default gives up after
-                    // 6 attempts, and then only a failing request starts another
-                    // round, so the first decision after Redis returns failed).
-                    .set_number_of_retries(usize::MAX)
+                    // One attempt per connection: the manager's own retry loop
+                    // would hold every decision until the timeout while Redis is
+                    // away and hide why (a refused connection read as a
+                    // timeout). A failed attempt is retried by the next
+                    // decision (see `invoke`).
+                    .set_number_of_retries(0)
                     // Pipelined decisions from many concurrent requests queue here.
                     .set_pipeline_buffer_size(1024);
                 let current =
@@ -540,6 +618,7 @@ impl RedisStoreBuilder {
             closed_retry_after: self.closed_retry_after,
             counters: Counters::default(),
             warnings: Every::new(WARN_INTERVAL),
+            breaker: Breaker::new(self.breaker),
         });
         let store = RedisStore { inner };
         // Connect and load the scripts now, in the background, so the first request
@@ -594,6 +673,10 @@ struct Managed {
 }
 
 impl Connection {
+    fn is_managed(&self) -> bool {
+        matches!(self, Connection::Managed(_))
+    }
+
     fn handle(&self) -> Handle {
         match self {
             Connection::Managed(m) => {
@@ -754,17 +837,34 @@ impl Inner {
         key
     }
 
+    /// Load both scripts, trying again while the connection fails, until
+    /// `timeout`.
     async fn load_scripts(&self, timeout: Duration) -> Result<(), StoreError> {
-        let mut conn = self.conn.handle();
+        let mut last_connection_error = None;
         let load = async {
-            self.check.load_async(&mut conn).await?;
-            self.undo.load_async(&mut conn).await
+            let mut pause = WARM_UP_MIN_PAUSE;
+            loop {
+                let mut conn = self.conn.handle();
+                let loaded = async {
+                    self.check.load_async(&mut conn).await?;
+                    self.undo.load_async(&mut conn).await
+                };
+                match loaded.await {
+                    Err(e) if e.is_io_error() => {
+                        last_connection_error = Some(e);
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(WARM_UP_MAX_PAUSE);
+                    }
+                    done => return done,
+                }
+            }
         };
-        match tokio::time::timeout(timeout, load).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(Failure::Redis(e).into_error(self.closed_retry_after)),
-            Err(_) => Err(Failure::Timeout.into_error(self.closed_retry_after)),
-        }
+        let failure = match tokio::time::timeout(timeout, load).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => Failure::Redis(e),
+            Err(_) => last_connection_error.map_or(Failure::Timeout, Failure::Redis),
+        };
+        Err(failure.into_error(self.closed_retry_after))
     }
 
     /// One decision script in Redis, bounded by the timeout; failures are reported
@@ -797,9 +897,21 @@ impl Inner {
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, Failure> {
-        let mut conn = self.conn.handle();
-        // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+        let call = async {
+            let mut conn = self.conn.handle();
+            // `invoke_async` sends EVALSHA and, on NOSCRIPT, SCRIPT LOAD + EVALSHA.
+            match invocation.invoke_async(&mut conn).await {
+                // Refused means nothing was sent. The managed connection makes
+                // a new attempt only when a request finds the last one failed,
+                // and that one may date from before Redis returned: try once
+                // more on the attempt this failure has just started.
+                Err(e) if e.is_connection_refusal() && self.conn.is_managed() => {
+                    invocation.invoke_async(&mut conn).await
+                }
+                reply => reply,
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
             Ok(reply) => {
                 self.conn.answered();
                 reply.map_err(Failure::Redis)
@@ -837,12 +949,24 @@ impl Inner {
     }
 
     /// A remote decision for a request: the script, the deny cache fed with its
-    /// denials, and the failure policy applied to its failures.
-    async fn decide(self: Arc<Self>, user: Vec<u8>, cost: u32) -> Result<Decision, StoreError> {
+    /// denials, the circuit breaker told how it went (`probe`: this decision is
+    /// the half-open breaker's probe), and the failure policy applied to its
+    /// failures.
+    async fn decide(
+        self: Arc<Self>,
+        user: Vec<u8>,
+        cost: u32,
+        probe: bool,
+    ) -> Result<Decision, StoreError> {
+        // Dropped with the future before Redis answers, it lets the next decision probe.
+        let probe = probe
+            .then(|| self.breaker.as_ref().map(Probe::new))
+            .flatten();
         let sent = Instant::now();
         let generation = self.deny_cache.as_ref().map(|c| c.generation(&user));
         match self.run_check(&user, cost, None).await {
             Ok(decision) => {
+                self.redis_answered(probe);
                 if let (Some(cache), Some(generation), Outcome::Denied) =
                     (&self.deny_cache, generation, decision.outcome())
                 {
@@ -850,12 +974,15 @@ impl Inner {
                 }
                 Ok(decision)
             }
-            Err(failure) => self.failed(failure),
+            Err(failure) => {
+                let error = self.note_failure(failure, probe);
+                self.apply_policy(error)
+            }
         }
     }
 
-    fn failed(&self, failure: Failure) -> Result<Decision, StoreError> {
-        let error = self.note_failure(failure);
+    /// The failure policy's answer to a decision Redis could not make.
+    fn apply_policy(&self, error: StoreError) -> Result<Decision, StoreError> {
         match self.failure {
             FailurePolicy::Open => {
                 bump(&self.counters.failed_open);
@@ -865,21 +992,69 @@ impl Inner {
         }
     }
 
-    /// Count a failure and warn, at most once per [`WARN_INTERVAL`]: a Redis
-    /// outage under load must not turn into a flood of log lines.
-    fn note_failure(&self, failure: Failure) -> StoreError {
+    /// The open breaker's answer, at once: the failure policy applied to the
+    /// failure that opened it. Failing closed, `Retry-After` is at least the
+    /// rest of the cool-down.
+    #[cold]
+    fn breaker_answer(
+        &self,
+        breaker: &Breaker,
+        remaining: Duration,
+    ) -> Result<Decision, StoreError> {
+        bump(&breaker.answered);
+        match self.failure {
+            FailurePolicy::Open => {
+                bump(&self.counters.failed_open);
+                Ok(Decision::allow_unchecked(self.limit))
+            }
+            FailurePolicy::Closed => {
+                let retry_after = self.closed_retry_after.max(remaining);
+                Err(match breaker.cause() {
+                    Some(cause) => cause.with_retry_after(retry_after),
+                    None => StoreError::new(StoreErrorKind::Other, retry_after)
+                        .with_source("the Redis circuit breaker is open"),
+                })
+            }
+        }
+    }
+
+    /// Redis answered a call: the breaker's run of failures ends, and a probe
+    /// closes it.
+    fn redis_answered(&self, probe: Option<Probe<'_>>) {
+        match (probe, &self.breaker) {
+            (Some(probe), _) => probe.finish(None),
+            (None, Some(breaker)) => breaker.succeeded(),
+            (None, None) => {}
+        }
+    }
+
+    /// Count a failure, tell the breaker (a failed probe opens it again), and
+    /// warn, at most once per [`WARN_INTERVAL`]: a Redis outage under load
+    /// must not turn into a flood of log lines.
+    fn note_failure(&self, failure: Failure, probe: Option<Probe<'_>>) -> StoreError {
         let error = failure.into_error(self.closed_retry_after);
         bump(&self.counters.failures);
         if error.kind() == StoreErrorKind::Timeout {
             bump(&self.counters.timeouts);
         }
+        match (probe, &self.breaker) {
+            (Some(probe), _) => probe.finish(Some(&error)),
+            (None, Some(breaker)) => breaker.failed(&error),
+            (None, None) => {}
+        }
         if self.warnings.due(Instant::now()) {
+            let failures = self.counters.failures.load(Relaxed);
+            let since_last_warning =
+                failures.saturating_sub(self.counters.warned_failures.swap(failures, Relaxed));
             tracing::warn!(
-                failures = self.counters.failures.load(Relaxed),
+                failures_since_last_warning = since_last_warning,
+                failures,
+                timeouts = self.counters.timeouts.load(Relaxed),
                 failed_open = self.counters.failed_open.load(Relaxed),
+                breaker = ?self.breaker.as_ref().map_or(BreakerState::Off, Breaker::state),
                 policy = ?self.failure,
                 kind = ?error.kind(),
-                "{error}"
+                "Redis could not decide: {error}"
             );
         }
         error
@@ -907,8 +1082,11 @@ impl Inner {
         bump(&self.counters.undos);
         let mut invocation = self.undo.prepare_invoke();
         invocation.key(self.full_key(&user)).arg(slot).arg(cost);
-        if let Err(failure) = self.invoke::<i64>(&invocation).await {
-            self.note_failure(failure);
+        match self.invoke::<i64>(&invocation).await {
+            Ok(_) => self.redis_answered(None),
+            Err(failure) => {
+                self.note_failure(failure, None);
+            }
         }
         // A check sent before the undo reached Redis may have been denied and
         // cached meanwhile: the units are back now, so forget it again.
@@ -929,28 +1107,54 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         if let Some(d) = inner.local_answer(&user, cost) {
             return RedisFuture::ready(Ok(d));
         }
+        let probe = match inner.breaker.as_ref().map(|b| (b, b.admit(true))) {
+            None | Some((_, Admit::Ask)) => false,
+            Some((_, Admit::Probe)) => true,
+            Some((breaker, Admit::Refuse { remaining })) => {
+                return RedisFuture::ready(inner.breaker_answer(breaker, remaining));
+            }
+        };
         RedisFuture {
-            state: State::Remote(Box::pin(inner.clone().decide(user, cost))),
+            state: State::Remote(Box::pin(inner.clone().decide(user, cost, probe))),
         }
     }
 
-    /// Answers without Redis when it can: a cost above the limit, or a key the
-    /// deny cache knows is over its limit. `None` otherwise (nothing counted).
+    /// Answers without Redis when it can: a cost above the limit, a key the
+    /// deny cache knows is over its limit, or any key while the circuit
+    /// breaker is open (per the failure policy). `None` otherwise (nothing
+    /// counted).
     fn check_now(&self, key: &K, cost: u32) -> Option<Result<Decision, StoreError>> {
         let inner = &self.inner;
         let mut user = Vec::new();
         key.write_redis_key(&mut user);
-        let d = inner.local_answer(&user, cost)?;
+        let answer = match inner.local_answer(&user, cost) {
+            Some(d) => Ok(d),
+            None => match inner.breaker.as_ref().map(|b| (b, b.admit(false))) {
+                Some((breaker, Admit::Refuse { remaining })) => {
+                    inner.breaker_answer(breaker, remaining)
+                }
+                _ => return None,
+            },
+        };
         bump(&inner.counters.decisions);
-        Some(Ok(d))
+        Some(answer)
     }
 
     /// Give the units back in Redis, in a background task (fire and forget),
-    /// and drop the key from the local deny cache.
+    /// and drop the key from the local deny cache. While the circuit breaker is
+    /// not closed the units stay counted (the safe side).
     fn undo(&self, key: &K, decision: &Decision) {
         let Some((user, slot, cost)) = self.inner.undo_target(key, decision) else {
             return;
         };
+        if self
+            .inner
+            .breaker
+            .as_ref()
+            .is_some_and(|b| b.state() != BreakerState::Closed)
+        {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             bump(&self.inner.counters.failures);
             return;

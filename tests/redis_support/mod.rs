@@ -100,6 +100,8 @@ pub struct RedisServer {
     pub port: u16,
     extra_args: Vec<String>,
     child: Option<Child>,
+    /// `port` is a TLS port (`--tls-port`) and the plain one is off.
+    tls: bool,
 }
 
 impl RedisServer {
@@ -122,6 +124,7 @@ impl RedisServer {
             port,
             extra_args,
             child: None,
+            tls: false,
         };
         match server.spawn().await {
             Ok(()) => Ok(server),
@@ -129,15 +132,56 @@ impl RedisServer {
         }
     }
 
+    /// One that serves TLS only, on an ephemeral `--tls-port` (`--port 0`),
+    /// with `tls_args` (`--tls-cert-file` and the like); ready once that port
+    /// accepts connections. Fails the test when it cannot start, saying why
+    /// (a `redis-server` built without TLS exits at once).
+    pub async fn start_tls(test: &str, tls_args: Vec<String>) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            extra_args: tls_args,
+            child: None,
+            tls: true,
+        };
+        if let Err(e) = server.spawn().await {
+            panic!(
+                "{test}: cannot start a private TLS redis-server: {e}. Is it built with \
+                 TLS (`redis-server --tls-port 0 --port 0` starts, or says it is not)?"
+            );
+        }
+        server
+    }
+
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether it answers: PING on a plain port; a TLS port accepting a
+    /// connection (the handshake is what the test itself checks).
+    async fn ready(&self) -> Result<(), String> {
+        if !self.tls {
+            return connect(&self.url(), Duration::from_millis(500))
+                .await
+                .map(drop);
+        }
+        tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 
     async fn spawn(&mut self) -> Result<(), String> {
         // `REDIS_SERVER_BIN=valkey-server` runs the fault tests on Valkey.
         let binary = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
+        let port = self.port.to_string();
+        let ports = if self.tls {
+            vec!["--port", "0", "--tls-port", &port]
+        } else {
+            vec!["--port", &port]
+        };
         let child = Command::new(&binary)
-            .args(["--port", &self.port.to_string()])
+            .args(ports)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(&self.extra_args)
             .stdout(Stdio::null())
@@ -147,8 +191,11 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match connect(&self.url(), Duration::from_millis(500)).await {
-                Ok(_) => return Ok(()),
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                return Err(format!("{binary} exited at once: {status}"));
+            }
+            match self.ready().await {
+                Ok(()) => return Ok(()),
                 Err(e) if Instant::now() > deadline => {
                     return Err(format!("not answering after 5 s: {e}"))
                 }
@@ -157,12 +204,37 @@ impl RedisServer {
         }
     }
 
-    /// Kill it (SIGKILL) and wait until it is gone.
+    /// Kill it (SIGKILL, which ends a paused one too) and wait until it is gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Its process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stall it: `SIGSTOP`. The kernel still accepts connections and buffers
+    /// what clients send; nothing is answered until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Let a paused server go on: `SIGCONT`.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the private redis-server runs");
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}: {status}");
     }
 
     /// Start it again on the same port; returns once it answers.
