@@ -93,6 +93,21 @@ pub enum StoreErrorKind {
 }
 
 impl StoreErrorKind {
+    /// The kind in snake case, as metrics label it.
+    #[cfg_attr(not(all(feature = "metrics", feature = "redis")), allow(dead_code))]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::ConnectionRefused => "connection_refused",
+            StoreErrorKind::Connection => "connection",
+            StoreErrorKind::Unauthorized => "unauthorized",
+            StoreErrorKind::OutOfMemory => "out_of_memory",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Script => "script",
+            StoreErrorKind::Other => "other",
+        }
+    }
+
     fn describe(self) -> &'static str {
         match self {
             StoreErrorKind::Timeout => "no answer within the timeout",
@@ -125,6 +140,7 @@ impl StoreError {
     }
 
     /// The same failure, suggesting clients retry after `retry_after`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_retry_after(mut self, retry_after: Duration) -> Self {
         self.retry_after = retry_after;
         self

@@ -244,3 +244,165 @@ async fn a_layer_of_several_policies_labels_its_requests_with_their_names() {
     );
     assert_eq!(missing, 1);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_keys_gauge_follows_the_background_sweeper() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let limiter = tower_sliding_window::Limiter::builder(policy("swept", 5, 1000))
+        .sweep_idle()
+        .build::<u32>()
+        .unwrap();
+    for key in 0..10 {
+        assert!(limiter.check(&key).is_allowed());
+    }
+    let keys = |snap: &Snapshot| match snap.value(
+        MetricKind::Gauge,
+        "tower_sliding_window_keys",
+        &[("policy", "swept")],
+    ) {
+        Some(DebugValue::Gauge(keys)) => keys.into_inner(),
+        other => panic!("keys: {other:?}"),
+    };
+    // The first rounds, within the window, keep every key.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(keys(&Snapshot::take(&snapshotter)), 10.0);
+    // With no check at all, the rounds after the window drop them and say so.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(keys(&Snapshot::take(&snapshotter)), 0.0);
+}
+
+#[cfg(feature = "redis")]
+mod redis_support;
+
+/// A store with nothing to talk to: every decision fails as a refused
+/// connection until the breaker opens, then the breaker answers. No Redis
+/// needed.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_redis_store_that_cannot_decide_counts_failures_by_cause_and_its_breaker() {
+    use tower_sliding_window::redis::CircuitBreaker;
+    use tower_sliding_window::{FailurePolicy, RedisStore, Store};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let url = format!("redis://127.0.0.1:{}", redis_support::free_port());
+    let store = RedisStore::builder(policy("fleet", 5, 1000), FailurePolicy::Open)
+        .url(&url)
+        .circuit_breaker(CircuitBreaker::new(
+            3,
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ))
+        .build()
+        .unwrap();
+    for _ in 0..8 {
+        let decision = store.check_n(&"k", 1).await.unwrap();
+        assert!(decision.is_allowed() && decision.is_unchecked());
+    }
+    let snap = Snapshot::take(&snapshotter);
+    let labels = |outcome| {
+        [
+            ("policy", "fleet"),
+            ("store", "redis"),
+            ("outcome", outcome),
+        ]
+    };
+    let decisions =
+        |outcome| snap.counter("tower_sliding_window_decisions_total", &labels(outcome));
+    assert_eq!(decisions("failed_open"), 8);
+    assert_eq!(decisions("allowed"), 0);
+    // Three calls reached for Redis and were refused; the open breaker
+    // answered the other five at once.
+    let errors = |kind| {
+        snap.counter(
+            "tower_sliding_window_store_errors_total",
+            &[("policy", "fleet"), ("store", "redis"), ("kind", kind)],
+        )
+    };
+    assert_eq!(errors("connection_refused"), 3);
+    assert_eq!(errors("timeout"), 0);
+    let fleet = [("policy", "fleet")];
+    assert_eq!(
+        snap.counter("tower_sliding_window_redis_breaker_opens_total", &fleet),
+        1
+    );
+    assert_eq!(
+        snap.value(
+            MetricKind::Gauge,
+            "tower_sliding_window_redis_breaker_state",
+            &fleet
+        ),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    match snap.value(
+        MetricKind::Histogram,
+        "tower_sliding_window_redis_round_trip_seconds",
+        &fleet,
+    ) {
+        Some(DebugValue::Histogram(calls)) => assert_eq!(calls.len(), 3),
+        other => panic!("round trips: {other:?}"),
+    }
+}
+
+/// With `REQUIRE_REDIS=1` (CI) the ignored Redis test below must be run.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_tests_are_included_where_redis_is_required() {
+    redis_support::assert_included_where_required();
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
+async fn a_redis_store_counts_its_decisions_round_trips_and_deny_cache_hits() {
+    use tower_sliding_window::{FailurePolicy, RedisStore, Store};
+
+    let test = "a_redis_store_counts_its_decisions_round_trips_and_deny_cache_hits";
+    redis_support::shared_redis(test).await;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let store = RedisStore::builder(policy("shared", 2, 60_000), FailurePolicy::Closed)
+        .url(&redis_support::redis_url())
+        .prefix(redis_support::unique_prefix(test))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut allowed = Vec::new();
+    for _ in 0..4 {
+        allowed.push(store.check_n(&"k", 1).await.unwrap().is_allowed());
+    }
+    // The third is denied by Redis, the fourth by the local deny cache.
+    assert_eq!(allowed, [true, true, false, false]);
+    let snap = Snapshot::take(&snapshotter);
+    let labels = |outcome| {
+        [
+            ("policy", "shared"),
+            ("store", "redis"),
+            ("outcome", outcome),
+        ]
+    };
+    let decisions =
+        |outcome| snap.counter("tower_sliding_window_decisions_total", &labels(outcome));
+    assert_eq!((decisions("allowed"), decisions("denied")), (2, 2));
+    assert_eq!(decisions("failed_closed"), 0);
+    let shared = [("policy", "shared")];
+    assert_eq!(
+        snap.counter("tower_sliding_window_redis_deny_cache_hits_total", &shared),
+        1
+    );
+    match snap.value(
+        MetricKind::Histogram,
+        "tower_sliding_window_redis_round_trip_seconds",
+        &shared,
+    ) {
+        Some(DebugValue::Histogram(calls)) => assert_eq!(calls.len(), 3),
+        other => panic!("round trips: {other:?}"),
+    }
+}

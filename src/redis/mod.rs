@@ -34,6 +34,7 @@ pub use ::redis;
 
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
+use crate::metrics::RedisMetrics;
 use crate::policy::{Policy, Precision};
 use crate::stats::bump;
 use crate::store::{Store, StoreError, StoreErrorKind};
@@ -249,6 +250,7 @@ struct Inner {
     counters: Counters,
     warnings: Every,
     breaker: Option<Breaker>,
+    metrics: RedisMetrics,
 }
 
 /// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
@@ -596,6 +598,7 @@ impl RedisStoreBuilder {
             (None, Some(connection)) => connection,
             (None, None) => return Err(ConfigError::NoRedis),
         };
+        let metrics = RedisMetrics::new(policy.name());
         let inner = Arc::new(Inner {
             deny_cache: (self.deny_cache_capacity > 0).then(|| {
                 DenyCache::new(
@@ -619,6 +622,7 @@ impl RedisStoreBuilder {
             counters: Counters::default(),
             warnings: Every::new(WARN_INTERVAL),
             breaker: Breaker::new(self.breaker),
+            metrics,
         });
         let store = RedisStore { inner };
         // Connect and load the scripts now, in the background, so the first request
@@ -814,6 +818,7 @@ impl Inner {
     fn local_answer(&self, user: &[u8], cost: u32) -> Option<Decision> {
         if cost > self.limit {
             // It can never pass: no need to ask Redis (remaining and reset unknown).
+            self.metrics.decided(false);
             return Some(Decision::cost_exceeds_limit(
                 self.limit,
                 self.limit,
@@ -825,6 +830,8 @@ impl Inner {
             .as_ref()?
             .check(user, cost, Instant::now())?;
         bump(&self.counters.deny_cache_hits);
+        self.metrics.deny_cache_hit();
+        self.metrics.decided(false);
         Some(d)
     }
 
@@ -911,7 +918,10 @@ impl Inner {
                 reply => reply,
             }
         };
-        match tokio::time::timeout(self.timeout, call).await {
+        let started = self.metrics.call_started();
+        let reply = tokio::time::timeout(self.timeout, call).await;
+        self.metrics.call_ended(started);
+        match reply {
             Ok(reply) => {
                 self.conn.answered();
                 reply.map_err(Failure::Redis)
@@ -967,6 +977,7 @@ impl Inner {
         match self.run_check(&user, cost, None).await {
             Ok(decision) => {
                 self.redis_answered(probe);
+                self.metrics.decided(decision.is_allowed());
                 if let (Some(cache), Some(generation), Outcome::Denied) =
                     (&self.deny_cache, generation, decision.outcome())
                 {
@@ -983,6 +994,7 @@ impl Inner {
 
     /// The failure policy's answer to a decision Redis could not make.
     fn apply_policy(&self, error: StoreError) -> Result<Decision, StoreError> {
+        self.metrics.failed(self.failure == FailurePolicy::Open);
         match self.failure {
             FailurePolicy::Open => {
                 bump(&self.counters.failed_open);
@@ -1002,6 +1014,7 @@ impl Inner {
         remaining: Duration,
     ) -> Result<Decision, StoreError> {
         bump(&breaker.answered);
+        self.metrics.failed(self.failure == FailurePolicy::Open);
         match self.failure {
             FailurePolicy::Open => {
                 bump(&self.counters.failed_open);
@@ -1022,7 +1035,10 @@ impl Inner {
     /// closes it.
     fn redis_answered(&self, probe: Option<Probe<'_>>) {
         match (probe, &self.breaker) {
-            (Some(probe), _) => probe.finish(None),
+            (Some(probe), _) => {
+                probe.finish(None);
+                self.breaker_changed();
+            }
             (None, Some(breaker)) => breaker.succeeded(),
             (None, None) => {}
         }
@@ -1037,11 +1053,13 @@ impl Inner {
         if error.kind() == StoreErrorKind::Timeout {
             bump(&self.counters.timeouts);
         }
+        self.metrics.error(error.kind());
         match (probe, &self.breaker) {
             (Some(probe), _) => probe.finish(Some(&error)),
             (None, Some(breaker)) => breaker.failed(&error),
             (None, None) => {}
         }
+        self.breaker_changed();
         if self.warnings.due(Instant::now()) {
             let failures = self.counters.failures.load(Relaxed);
             let since_last_warning =
@@ -1058,6 +1076,14 @@ impl Inner {
             );
         }
         error
+    }
+
+    /// Hand the breaker's state and openings to the metrics recorder.
+    fn breaker_changed(&self) {
+        if let Some(breaker) = &self.breaker {
+            self.metrics
+                .breaker(breaker.state(), breaker.opens.load(Relaxed));
+        }
     }
 
     /// What an undo of `decision` gives back (nothing unless it counted units), after
@@ -1109,7 +1135,10 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         }
         let probe = match inner.breaker.as_ref().map(|b| (b, b.admit(true))) {
             None | Some((_, Admit::Ask)) => false,
-            Some((_, Admit::Probe)) => true,
+            Some((_, Admit::Probe)) => {
+                inner.breaker_changed();
+                true
+            }
             Some((breaker, Admit::Refuse { remaining })) => {
                 return RedisFuture::ready(inner.breaker_answer(breaker, remaining));
             }
