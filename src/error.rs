@@ -148,6 +148,10 @@ pub enum ConfigError {
         /// The prefix.
         prefix: String,
     },
+    /// A store was asked to change its policy at run time and cannot
+    /// ([`Store::reconfigured`](crate::Store::reconfigured) is not
+    /// implemented for it).
+    PolicyFixed,
 }
 
 impl fmt::Display for ConfigError {
@@ -224,6 +228,9 @@ impl fmt::Display for ConfigError {
                 "a rediss:// (TLS) URL needs the tower-sliding-window feature `redis-tls`",
             ),
             ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
+            ConfigError::PolicyFixed => {
+                f.write_str("this store cannot change its policy at run time")
+            }
             ConfigError::ZeroCoolDown => f.write_str(
                 "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)",
             ),

@@ -7,6 +7,7 @@ pub use crate::stats::{KeyUsage, LimiterStats};
 use crate::clock::Clock;
 use crate::decision::Decision;
 
+use crate::error::ConfigError;
 use crate::policy::Policy;
 use std::error::Error;
 use std::fmt;
@@ -42,6 +43,29 @@ pub trait Store<K>: Send + Sync + 'static {
 
     /// The policy this store enforces.
     fn policy(&self) -> &Policy;
+
+    /// A store that enforces `policy` from now on over this store's counts:
+    /// what was admitted before keeps counting against the new policy, so
+    /// raising a limit gives room at once and lowering it denies until the
+    /// units already admitted have left the window. The new store replaces
+    /// this one; this one stays usable (a check in flight finishes under the
+    /// old policy) and undoes its own decisions.
+    ///
+    /// A change of window or buckets cannot keep the counts as they are: they
+    /// are carried over conservatively (units are moved later in time, never
+    /// earlier), so nothing admitted before the change is forgotten while it
+    /// is inside one old window of the change. The guide's tiers chapter
+    /// states the exact guarantee.
+    ///
+    /// The default answers [`ConfigError::PolicyFixed`]: a store that cannot
+    /// change its policy.
+    fn reconfigured(&self, policy: Policy) -> Result<Self, ConfigError>
+    where
+        Self: Sized,
+    {
+        let _ = policy;
+        Err(ConfigError::PolicyFixed)
+    }
 }
 
 /// A store could not decide: it is down, slow past its timeout, or answered with
