@@ -148,6 +148,24 @@ pub enum ConfigError {
         /// The prefix.
         prefix: String,
     },
+    /// A table of tiers without any tier.
+    NoTiers,
+    /// A tier name that is empty, not printable ASCII, or holds `{` or `}`
+    /// (it goes into headers, metric labels and Redis key prefixes).
+    InvalidTierName {
+        /// The name.
+        name: String,
+    },
+    /// Two tiers of one table share a name.
+    DuplicateTier {
+        /// The shared name.
+        name: String,
+    },
+    /// A limited tier without any policy (make it unlimited or denied).
+    TierWithoutPolicies {
+        /// The tier's name.
+        tier: String,
+    },
     /// A store was asked to change its policy at run time and cannot
     /// ([`Store::reconfigured`](crate::Store::reconfigured) is not
     /// implemented for it).
@@ -228,6 +246,19 @@ impl fmt::Display for ConfigError {
                 "a rediss:// (TLS) URL needs the tower-sliding-window feature `redis-tls`",
             ),
             ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
+            ConfigError::NoTiers => f.write_str("a table of tiers needs at least one tier"),
+            ConfigError::InvalidTierName { name } => write!(
+                f,
+                "tier name {name:?} must be non-empty printable ASCII without '{{' or '}}' \
+                 (it goes into headers, metric labels and Redis keys)"
+            ),
+            ConfigError::DuplicateTier { name } => {
+                write!(f, "two tiers are named {name:?}; give each a distinct name")
+            }
+            ConfigError::TierWithoutPolicies { tier } => write!(
+                f,
+                "tier {tier:?} is limited but has no policy; give it one, or make it unlimited or denied"
+            ),
             ConfigError::PolicyFixed => {
                 f.write_str("this store cannot change its policy at run time")
             }

@@ -115,6 +115,7 @@
 //! | `redis` | off | [`RedisStore`], a [`Store`] in Redis shared by a fleet of instances, with the same strict guarantee (one Lua script per decision on Redis' own clock, hash-tagged keys that expire by themselves, a timeout with an explicit fail-open / fail-closed choice, a circuit breaker that answers at once while Redis is down, and a local deny cache) |
 //! | `redis-tls` | off | `redis`, and Redis over TLS: `rediss://` URLs, through the `redis` crate's rustls support (ring, with webpki-roots' trust anchors; a private CA through [`RedisStoreBuilder::client`](redis::RedisStoreBuilder::client)) |
 //! | `axum` | off | [`PeerIp`] and [`ClientIp`] read axum 0.8's `ConnectInfo<SocketAddr>` extension (without it they read a plain `SocketAddr` extension) |
+//! | `serde` | off | [`Policy`] and [`Tiers`] deserialize from configuration (TOML, YAML, JSON, ...) |
 //! | `metrics` | off | decision counters, tracked keys, wait times and Redis round trips through the `metrics` facade ([guide](guide::observability)) |
 
 #![forbid(unsafe_code)]
@@ -138,6 +139,7 @@ mod ring;
 mod stats;
 pub mod store;
 mod sync;
+mod tier;
 pub mod wait;
 
 #[cfg(all(test, not(tsw_loom)))]
@@ -153,6 +155,7 @@ pub use layer::{
 pub use limiter::Limiter;
 pub use policy::{Policy, PolicyBuilder, PolicyParseError, Precision};
 pub use store::{Store, StoreError, StoreErrorKind};
+pub use tier::{TierLimits, Tiers, TiersBuilder};
 pub use wait::WaitConfig;
 
 #[cfg(feature = "redis")]

@@ -79,6 +79,8 @@ impl Policy {
     /// The longest window accepted (2^62 ns, about 146 years): slot arithmetic
     /// stays inside the clock's 64-bit nanosecond range with room to spare.
     pub const MAX_WINDOW: Duration = Duration::from_nanos(1 << 62);
+    /// The name a policy has unless it is given one.
+    pub const DEFAULT_NAME: &'static str = "default";
 
     /// Start building a policy.
     pub fn builder() -> PolicyBuilder {
@@ -131,6 +133,12 @@ impl Policy {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// The same policy under another name.
+    pub fn with_name(mut self, name: impl Into<String>) -> Policy {
+        self.name = name.into();
+        self
+    }
 }
 
 /// Parses the notation people write limits in: `"100/min"`, `"10/s"`,
@@ -165,13 +173,84 @@ impl FromStr for Policy {
         let (limit, window) = split_notation(text).ok_or_else(|| PolicyParseError::Syntax {
             text: text.to_owned(),
         })?;
-        let limit = limit.parse::<u32>().map_err(|_| PolicyParseError::Limit {
+        // `1_000` reads as it does in Rust and TOML.
+        let digits: String = limit.chars().filter(|&c| c != '_').collect();
+        let limit = digits.parse::<u32>().map_err(|_| PolicyParseError::Limit {
             text: limit.to_owned(),
         })?;
         let window = parse_window(window).ok_or_else(|| PolicyParseError::Window {
             text: window.to_owned(),
         })?;
         Policy::per(limit, window).map_err(PolicyParseError::Invalid)
+    }
+}
+
+/// With the `serde` feature a policy deserializes from its [text
+/// notation](#impl-FromStr-for-Policy) (`"100/min"`) or from a table whose
+/// `limit` and `window` are required (`window` in the notation's units,
+/// `"30s"`, `"1h30m"`) and `buckets`, `precision` (`"strict"` or
+/// `"interpolated"`) and `name` optional; it is validated as
+/// [`PolicyBuilder::build`] validates.
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+impl<'de> serde::Deserialize<'de> for Policy {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Policy, D::Error> {
+        use serde::de::{self, MapAccess, Visitor};
+        use serde::Deserialize as _;
+
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            limit: u32,
+            window: String,
+            buckets: Option<u32>,
+            precision: Option<PrecisionName>,
+            name: Option<String>,
+        }
+
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        enum PrecisionName {
+            Strict,
+            Interpolated,
+        }
+
+        struct PolicyVisitor;
+
+        impl<'de> Visitor<'de> for PolicyVisitor {
+            type Value = Policy;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a rate limit such as \"100/min\", or a table with limit and window")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Policy, E> {
+                text.parse().map_err(E::custom)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Policy, A::Error> {
+                let t = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let window = parse_window(&t.window).ok_or_else(|| {
+                    de::Error::custom(PolicyParseError::Window { text: t.window })
+                })?;
+                let mut builder = Policy::builder().limit(t.limit).window(window);
+                if let Some(buckets) = t.buckets {
+                    builder = builder.buckets(buckets);
+                }
+                if let Some(precision) = t.precision {
+                    builder = builder.precision(match precision {
+                        PrecisionName::Strict => Precision::Strict,
+                        PrecisionName::Interpolated => Precision::Interpolated,
+                    });
+                }
+                if let Some(name) = t.name {
+                    builder = builder.name(name);
+                }
+                builder.build().map_err(de::Error::custom)
+            }
+        }
+
+        deserializer.deserialize_any(PolicyVisitor)
     }
 }
 
@@ -311,7 +390,7 @@ impl Default for PolicyBuilder {
             window: Duration::ZERO,
             buckets: Policy::DEFAULT_BUCKETS,
             precision: Precision::Strict,
-            name: "default".to_owned(),
+            name: Policy::DEFAULT_NAME.to_owned(),
         }
     }
 }

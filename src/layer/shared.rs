@@ -16,9 +16,7 @@ use std::sync::Arc;
 
 use super::rejection::HttpRejection;
 
-/// The most policies one layer decides at once: decisions for all of them are
-/// kept on the stack while a request is decided.
-pub const MAX_POLICIES: usize = 8;
+pub use crate::tier::MAX_POLICIES;
 
 /// What the layer does when a request is over a limit.
 ///

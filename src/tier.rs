@@ -1,0 +1,402 @@
+//! Tiers: named sets of policies, one chosen per request (anonymous callers,
+//! free keys, paid keys, an internal service), validated once as a table.
+//!
+//! A layer of tiers ([`SlidingWindowLayerBuilder::tiers`](crate::SlidingWindowLayerBuilder::tiers))
+//! decides each request by its tier's policies, in that tier's own rings; the
+//! table can be replaced while requests flow
+//! ([`SlidingWindowLayer::set_tiers`](crate::SlidingWindowLayer::set_tiers)).
+//! The guide's [tiers chapter](crate::guide::tiers) puts it together.
+
+use crate::error::ConfigError;
+use crate::policy::Policy;
+
+/// The most policies one layer (or one tier) decides at once: decisions for
+/// all of them are kept on the stack while a request is decided.
+pub const MAX_POLICIES: usize = 8;
+
+/// What a tier allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TierLimits {
+    /// Every policy must admit a request (all-or-nothing), in rings of this
+    /// tier's own.
+    Limited(Vec<Policy>),
+    /// Requests are forwarded uncounted and without rate-limit headers, as an
+    /// exempt request is.
+    Unlimited,
+    /// Every request is rejected as over a limit of zero: 429 (gRPC
+    /// RESOURCE_EXHAUSTED) with `RateLimit-Policy: "<tier>";q=0` and no
+    /// `Retry-After`, since waiting will not help.
+    Denied,
+}
+
+impl TierLimits {
+    /// The policies of a limited tier; none for the others.
+    pub fn policies(&self) -> &[Policy] {
+        match self {
+            TierLimits::Limited(policies) => policies,
+            TierLimits::Unlimited | TierLimits::Denied => &[],
+        }
+    }
+}
+
+/// A validated table of tiers by name, in the order they were added (from
+/// configuration, in the order the format hands them over).
+///
+/// Each tier is [limited](TierLimits::Limited) by one or several policies,
+/// [unlimited](TierLimits::Unlimited) or [denied](TierLimits::Denied). A policy
+/// left with the default name takes its tier's name (`"free"`), or with
+/// several in a tier, the tier's name and its position (`"paid-1"`,
+/// `"paid-2"`); those names go into the `RateLimit` headers, the metrics and
+/// the Redis keys.
+///
+/// ```
+/// use tower_sliding_window::{Tiers, TierLimits};
+///
+/// let tiers = Tiers::builder()
+///     .limited("anonymous", ["20/min".parse()?])
+///     .limited("free", ["100/min".parse()?])
+///     .limited("paid", ["5000/min".parse()?, "100000/d".parse()?])
+///     .unlimited("internal")
+///     .denied("suspended")
+///     .build()?;
+/// assert_eq!(tiers.get("free").unwrap().policies()[0].name(), "free");
+/// assert_eq!(tiers.get("paid").unwrap().policies()[1].name(), "paid-2");
+/// assert_eq!(tiers.get("internal"), Some(&TierLimits::Unlimited));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// With the `serde` feature a table deserializes from a map of tier names,
+/// each a policy in the [text notation](Policy#impl-FromStr-for-Policy), a list
+/// of policies, `"unlimited"` or `"denied"` (a policy may also be a table:
+/// `{ limit = 100, window = "1m", buckets = 30, precision = "strict", name =
+/// "burst" }`):
+///
+/// ```toml
+/// anonymous = "20/min"
+/// free = "100/min"
+/// paid = ["5000/min", { limit = 100000, window = "1d", name = "daily" }]
+/// internal = "unlimited"
+/// suspended = "denied"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tiers {
+    tiers: Vec<(String, TierLimits)>,
+}
+
+impl Tiers {
+    /// Start a table.
+    pub fn builder() -> TiersBuilder {
+        TiersBuilder::default()
+    }
+
+    /// The tier named `name`.
+    pub fn get(&self, name: &str) -> Option<&TierLimits> {
+        self.tiers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, limits)| limits)
+    }
+
+    /// Every tier, in the order it was added.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &TierLimits)> + '_ {
+        self.tiers
+            .iter()
+            .map(|(name, limits)| (name.as_str(), limits))
+    }
+
+    /// How many tiers the table holds (at least one).
+    pub fn len(&self) -> usize {
+        self.tiers.len()
+    }
+
+    /// Always false: a table holds at least one tier.
+    pub fn is_empty(&self) -> bool {
+        self.tiers.is_empty()
+    }
+}
+
+/// Builder for [`Tiers`]; [`build`](TiersBuilder::build) validates.
+#[derive(Debug, Default)]
+#[must_use = "a builder does nothing until `build` makes the table"]
+pub struct TiersBuilder {
+    tiers: Vec<(String, TierLimits)>,
+}
+
+impl TiersBuilder {
+    /// A tier limited by `policies` (all-or-nothing).
+    pub fn limited(
+        self,
+        name: impl Into<String>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        self.tier(name, TierLimits::Limited(policies.into_iter().collect()))
+    }
+
+    /// A tier whose requests are forwarded uncounted.
+    pub fn unlimited(self, name: impl Into<String>) -> Self {
+        self.tier(name, TierLimits::Unlimited)
+    }
+
+    /// A tier whose requests are all rejected.
+    pub fn denied(self, name: impl Into<String>) -> Self {
+        self.tier(name, TierLimits::Denied)
+    }
+
+    /// A tier of any kind.
+    pub fn tier(mut self, name: impl Into<String>, limits: TierLimits) -> Self {
+        self.tiers.push((name.into(), limits));
+        self
+    }
+
+    /// Validate the table and name its policies.
+    ///
+    /// Errors: no tier ([`ConfigError::NoTiers`]), a tier name that is empty,
+    /// not printable ASCII or holds `{` or `}` ([`ConfigError::InvalidTierName`]),
+    /// a name used twice ([`ConfigError::DuplicateTier`]), a limited tier
+    /// without policies or with more than [`MAX_POLICIES`], and policy names
+    /// that are not printable ASCII or are used twice in a tier.
+    pub fn build(self) -> Result<Tiers, ConfigError> {
+        if self.tiers.is_empty() {
+            return Err(ConfigError::NoTiers);
+        }
+        let mut tiers: Vec<(String, TierLimits)> = Vec::with_capacity(self.tiers.len());
+        for (name, limits) in self.tiers {
+            if !is_valid_tier_name(&name) {
+                return Err(ConfigError::InvalidTierName { name });
+            }
+            if tiers.iter().any(|(n, _)| *n == name) {
+                return Err(ConfigError::DuplicateTier { name });
+            }
+            let limits = match limits {
+                TierLimits::Limited(policies) => {
+                    TierLimits::Limited(name_policies(&name, policies)?)
+                }
+                other => other,
+            };
+            tiers.push((name, limits));
+        }
+        Ok(Tiers { tiers })
+    }
+}
+
+/// A tier name goes into headers (printable ASCII), Redis key prefixes (no
+/// hash-tag braces) and metric labels.
+fn is_valid_tier_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b'{' && b != b'}')
+}
+
+/// Give default-named policies their tier's name, and check the tier's list.
+fn name_policies(tier: &str, policies: Vec<Policy>) -> Result<Vec<Policy>, ConfigError> {
+    if policies.is_empty() {
+        return Err(ConfigError::TierWithoutPolicies {
+            tier: tier.to_owned(),
+        });
+    }
+    if policies.len() > MAX_POLICIES {
+        return Err(ConfigError::TooManyPolicies {
+            count: policies.len(),
+            max: MAX_POLICIES,
+        });
+    }
+    let several = policies.len() > 1;
+    let mut named: Vec<Policy> = Vec::with_capacity(policies.len());
+    for (i, policy) in policies.into_iter().enumerate() {
+        let policy = if policy.name() == Policy::DEFAULT_NAME {
+            let name = if several {
+                format!("{tier}-{}", i + 1)
+            } else {
+                tier.to_owned()
+            };
+            policy.with_name(name)
+        } else {
+            policy
+        };
+        if !policy.name().bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+            return Err(ConfigError::InvalidPolicyName {
+                name: policy.name().to_owned(),
+            });
+        }
+        if named.iter().any(|p| p.name() == policy.name()) {
+            return Err(ConfigError::DuplicatePolicyName {
+                name: policy.name().to_owned(),
+            });
+        }
+        named.push(policy);
+    }
+    Ok(named)
+}
+
+#[cfg(feature = "serde")]
+mod de {
+    use super::{TierLimits, Tiers};
+    use crate::policy::Policy;
+    use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+    use serde::Deserialize;
+    use std::fmt;
+
+    /// A tier as written: a keyword, one policy, or a list of policies.
+    enum Spec {
+        One(Policy),
+        Several(Vec<Policy>),
+        Unlimited,
+        Denied,
+    }
+
+    impl<'de> Deserialize<'de> for Tiers {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Tiers, D::Error> {
+            struct Table;
+
+            impl<'de> Visitor<'de> for Table {
+                type Value = Tiers;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a map of tier names to a policy, a list of policies, \"unlimited\" or \"denied\"")
+                }
+
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tiers, A::Error> {
+                    let mut builder = Tiers::builder();
+                    while let Some(name) = map.next_key::<String>()? {
+                        let limits = match map.next_value::<TierValue>()?.0 {
+                            Spec::One(policy) => TierLimits::Limited(vec![policy]),
+                            Spec::Several(policies) => TierLimits::Limited(policies),
+                            Spec::Unlimited => TierLimits::Unlimited,
+                            Spec::Denied => TierLimits::Denied,
+                        };
+                        builder = builder.tier(name, limits);
+                    }
+                    builder.build().map_err(de::Error::custom)
+                }
+            }
+
+            deserializer.deserialize_map(Table)
+        }
+    }
+
+    /// A tier's value, with a message that names what a tier may be (an
+    /// untagged enum alone only says that nothing matched).
+    struct TierValue(Spec);
+
+    impl<'de> Deserialize<'de> for TierValue {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<TierValue, D::Error> {
+            struct Value;
+
+            impl<'de> Visitor<'de> for Value {
+                type Value = TierValue;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a policy (\"100/min\" or a table), a list of policies, \"unlimited\" or \"denied\"")
+                }
+
+                fn visit_str<E: de::Error>(self, text: &str) -> Result<TierValue, E> {
+                    match text {
+                        "unlimited" => Ok(TierValue(Spec::Unlimited)),
+                        "denied" => Ok(TierValue(Spec::Denied)),
+                        _ => text
+                            .parse::<Policy>()
+                            .map(|p| TierValue(Spec::One(p)))
+                            .map_err(E::custom),
+                    }
+                }
+
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TierValue, A::Error> {
+                    let mut policies = Vec::new();
+                    while let Some(policy) = seq.next_element::<Policy>()? {
+                        policies.push(policy);
+                    }
+                    Ok(TierValue(Spec::Several(policies)))
+                }
+
+                fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<TierValue, A::Error> {
+                    Policy::deserialize(de::value::MapAccessDeserializer::new(map))
+                        .map(|p| TierValue(Spec::One(p)))
+                }
+            }
+
+            deserializer.deserialize_any(Value)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn per_min(limit: u32) -> Policy {
+        Policy::per(limit, Duration::from_secs(60)).unwrap()
+    }
+
+    #[test]
+    fn names_default_policies_after_their_tier() {
+        let burst = Policy::builder()
+            .name("burst")
+            .limit(10)
+            .window(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let tiers = Tiers::builder()
+            .limited("free", [per_min(100)])
+            .limited("paid", [per_min(5000), per_min(9000)])
+            .limited("mixed", [burst, per_min(1)])
+            .unlimited("internal")
+            .denied("suspended")
+            .build()
+            .unwrap();
+        let names = |tier| -> Vec<&str> {
+            tiers
+                .get(tier)
+                .unwrap()
+                .policies()
+                .iter()
+                .map(Policy::name)
+                .collect()
+        };
+        assert_eq!(names("free"), ["free"]);
+        assert_eq!(names("paid"), ["paid-1", "paid-2"]);
+        assert_eq!(names("mixed"), ["burst", "mixed-2"]);
+        assert!(names("internal").is_empty());
+        assert_eq!(tiers.len(), 5);
+        let order: Vec<&str> = tiers.iter().map(|(name, _)| name).collect();
+        assert_eq!(order, ["free", "paid", "mixed", "internal", "suspended"]);
+    }
+
+    #[test]
+    fn rejects_each_mistake_with_its_own_error() {
+        let build = |b: TiersBuilder| b.build().unwrap_err();
+        assert!(matches!(build(Tiers::builder()), ConfigError::NoTiers));
+        for name in ["", "a{b}", "tab\there", "é"] {
+            assert!(
+                matches!(
+                    build(Tiers::builder().unlimited(name)),
+                    ConfigError::InvalidTierName { .. }
+                ),
+                "{name:?}"
+            );
+        }
+        assert!(matches!(
+            build(Tiers::builder().unlimited("a").denied("a")),
+            ConfigError::DuplicateTier { name } if name == "a"
+        ));
+        assert!(matches!(
+            build(Tiers::builder().limited("a", [])),
+            ConfigError::TierWithoutPolicies { tier } if tier == "a"
+        ));
+        assert!(matches!(
+            build(Tiers::builder().limited("a", vec![per_min(1); MAX_POLICIES + 1])),
+            ConfigError::TooManyPolicies { .. }
+        ));
+        let named = |name: &str| per_min(1).with_name(name.to_owned());
+        assert!(matches!(
+            build(Tiers::builder().limited("a", [named("x"), named("x")])),
+            ConfigError::DuplicatePolicyName { .. }
+        ));
+        assert!(matches!(
+            build(Tiers::builder().limited("a", [named("ü")])),
+            ConfigError::InvalidPolicyName { .. }
+        ));
+    }
+}
