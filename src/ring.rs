@@ -263,16 +263,35 @@ impl Ring {
     /// `now` would run at here.
     pub(crate) fn copy(&self, g: &Geometry, now: u64) -> Ring {
         let (s, counts) = self.counts_by_age(g, now);
+        Ring::seeded(g, s, &counts)
+    }
+
+    /// A new ring entered at slot `s`, holding `counts[a]` units at slot `s - a`
+    /// for each age `a` in `0..=N` (a count past the 32-bit range is held
+    /// below it; ages beyond `N` or before slot 0 are left out).
+    ///
+    /// The ring is written before it is published (to a map, or to another
+    /// thread), so this needs no concurrency argument of its own: every check
+    /// finds it as if checks had recorded these units at these slots, with the
+    /// tags, `newest` and base the protocol expects. The units may exceed the
+    /// limit a check compares with (a limit lowered since they were admitted):
+    /// checks then deny until enough of them leave the span, as the protocol
+    /// does for any span over its limit.
+    pub(crate) fn seeded(g: &Geometry, s: u64, counts: &[u64]) -> Ring {
         let ring = Ring::at_slot(g, s);
+        let counts = &counts[..counts.len().min(g.len as usize)];
+        // The base of `s`: the units stored at ages 1..=N.
+        let mut older = 0u64;
         for (age, &units) in (0..).zip(counts.iter()) {
-            // Buckets without units keep the empty ring's stale tags (and a
-            // counted slot is never before slot 0).
-            if units > 0 {
+            // Buckets without units keep the empty ring's stale tags.
+            if units > 0 && age <= s {
                 let units = u32::try_from(units).unwrap_or(u32::MAX - 1);
                 ring.bucket(g, s - age).store(pack(s - age, units), SeqCst);
+                if age > 0 {
+                    older += u64::from(units);
+                }
             }
         }
-        let older: u64 = counts.iter().skip(1).sum();
         let base = u32::try_from(older).ok().filter(|&b| b != NO_BASE);
         ring.base.store(pack(s, base.unwrap_or(NO_BASE)), SeqCst);
         ring
