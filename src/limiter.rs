@@ -729,6 +729,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
         let now = self.shape.hold(reading);
         let old_now = old.shape.hold(reading);
         let old_shape = &old.shape;
+        // The same hashes: a key's overflow mark (picked by hash) then carries
+        // over to the same group, and the stored hashes serve as they are.
+        self.hasher = old.hasher.clone();
         if let (Some(single), Some(old_single)) = (&mut self.single, &old.single) {
             if let Some(ring) = carried(&self.shape, old_shape, old_single, old_now, now) {
                 *single = ring;
@@ -756,7 +759,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
                     continue;
                 };
                 let key = Hashed {
-                    hash: self.hasher.hash_one(&key.key),
+                    hash: key.hash,
                     key: key.key.clone(),
                 };
                 let lookup = Lookup {
