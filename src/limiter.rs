@@ -1917,6 +1917,78 @@ mod sweeper_tests {
         assert_eq!(alive_tasks(), 0);
     }
 
+    async fn alive_tasks_settle_at(expected: usize) {
+        for _ in 0..100 {
+            if alive_tasks() == expected {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(alive_tasks(), expected);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconfigured_limiter_shares_the_sweeper_until_the_last_handle_drops() {
+        let l: Limiter<u64> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        let raised = l.reconfigured(policy(5)).unwrap();
+        assert_eq!(alive_tasks(), 1, "one map, one sweeper");
+        for k in 0..100 {
+            assert!(raised.check(&k).is_allowed());
+        }
+        drop(l);
+        alive_tasks_settle_at(1).await;
+        // It still sweeps the shared map for the handle left.
+        advance(Duration::from_millis(1100)).await;
+        raised.sweeper_finished(1).await;
+        while raised.stats().keys_tracked > 0 {
+            let rounds = raised.sweeper_rounds();
+            advance(Duration::from_millis(100)).await;
+            raised.sweeper_finished(rounds + 1).await;
+        }
+        assert_eq!(raised.stats().keys_evicted, 100);
+        drop(raised);
+        alive_tasks_settle_at(0).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_window_gets_a_sweeper_of_its_own_per_new_bucket() {
+        let l: Limiter<u64> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
+        for k in 0..100 {
+            assert!(l.check(&k).is_allowed());
+        }
+        // 2 s in 4 buckets of 500 ms: the units of slot 0 (100 ms buckets)
+        // are moved to the first 500 ms bucket, counted through slot 4.
+        let longer = Policy::builder()
+            .limit(3)
+            .window(Duration::from_secs(2))
+            .buckets(4)
+            .build()
+            .unwrap();
+        let longer = l.reconfigured(longer).unwrap();
+        assert_eq!(longer.stats().keys_tracked, 100);
+        drop(l);
+        alive_tasks_settle_at(1).await;
+        // Rounds every 500 ms, not every 100 ms.
+        advance(Duration::from_millis(499)).await;
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(longer.sweeper_rounds(), 0);
+        advance(Duration::from_millis(1)).await;
+        longer.sweeper_finished(1).await;
+        for round in 2..=4 {
+            advance(Duration::from_millis(500)).await;
+            longer.sweeper_finished(round).await;
+        }
+        assert_eq!(longer.stats().keys_tracked, 100);
+        // The round at 2.5 s, the start of slot 5, drops them all.
+        advance(Duration::from_millis(500)).await;
+        longer.sweeper_finished(5).await;
+        assert_eq!(longer.stats().keys_tracked, 0);
+        drop(longer);
+        alive_tasks_settle_at(0).await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_key_type_with_one_value_has_no_sweeper() {
         let l: Limiter<()> = Limiter::builder(policy(3)).sweep_idle().build().unwrap();
