@@ -617,8 +617,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// both limiters share the keys, rings and key cap; only the limit they
     /// compare with differs. Raising the limit gives room at once; lowering it
     /// denies until the units already admitted leave the window. An undo on
-    /// either limiter frees room for both, and so do their stats, sweeps and
-    /// background sweeper (which ends with the last of them).
+    /// either limiter frees room for both. They share the stats, the sweeps
+    /// and the background sweeper, which ends with the last of them.
     ///
     /// **Another window or bucket count:** the rings cannot be kept. Every
     /// key's counts still in the old window are carried into a new map at once

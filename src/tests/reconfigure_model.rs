@@ -237,6 +237,23 @@ fn units_in_the_overflow_ring_and_a_single_ring_are_carried_too() {
 }
 
 #[test]
+fn a_key_counted_by_the_overflow_ring_keeps_its_units_in_a_ring_of_its_own() {
+    // At a cap of one key, key 2's units live in the overflow ring.
+    let (l, clock) = limiter(policy(3, 1000, 10), 1);
+    assert!(l.check(&1).is_allowed());
+    clock.set(500 * MS);
+    assert!(l.check_n(&2, 3).is_overflow());
+    // Key 1 is idle by 1.15 s, so the new limiter tracks nobody, and key 2
+    // gets a ring of its own: a copy of the carried overflow ring, as its
+    // overflow mark (picked by its hash) says.
+    clock.set(1150 * MS);
+    let l = l.reconfigured(policy(3, 1000, 5)).unwrap();
+    assert_eq!(l.stats().keys_tracked, 0);
+    assert!(!l.check(&2).is_allowed());
+    assert_eq!(l.stats().keys_tracked, 1);
+}
+
+#[test]
 fn the_store_trait_reconfigures_the_limiter() {
     let (l, _clock) = limiter(policy(1, 1000, 10), 100);
     assert!(l.check(&1).is_allowed());
