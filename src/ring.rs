@@ -909,6 +909,40 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
+    fn a_seeded_ring_decides_as_the_ring_whose_checks_recorded_its_counts() {
+        for (precision, limit) in [
+            (Precision::Strict, 5),
+            (Precision::Strict, 2),
+            (Precision::Interpolated, 4),
+        ] {
+            let g = geometry(limit, 1000, 10, precision);
+            let wide = geometry(10, 1000, 10, precision);
+            // Recorded by checks under a limit of 10: 1 unit at slot 2, 2 at
+            // slot 5, 1 at slot 7; then seeded as counts by age from slot 7.
+            let checked = Ring::new(&wide, 0);
+            for (slot, cost) in [(2, 1), (5, 2), (7, 1)] {
+                assert!(checked.acquire(&wide, slot * 100 * MS, cost).is_allowed());
+            }
+            let seeded = Ring::seeded(&g, 7, &[1, 0, 2, 0, 0, 1]);
+            // Over a lowered limit (2) both deny until enough units leave.
+            for t in [750, 1250, 1299, 1300, 1500, 1700, 1800] {
+                let (a, b) = (checked.peek(&g, t * MS, 1), seeded.peek(&g, t * MS, 1));
+                assert_eq!(
+                    (a.outcome(), a.remaining(), a.retry_after(), a.reset()),
+                    (b.outcome(), b.remaining(), b.retry_after(), b.reset()),
+                    "{precision:?} limit {limit} at {t} ms"
+                );
+                let (a, b) = (
+                    checked.acquire(&g, t * MS, 1),
+                    seeded.acquire(&g, t * MS, 1),
+                );
+                assert_eq!(a.outcome(), b.outcome(), "{precision:?} at {t} ms");
+                assert_eq!(a.remaining(), b.remaining(), "{precision:?} at {t} ms");
+            }
+        }
+    }
+
+    #[test]
     fn admits_up_to_limit_then_denies_within_a_slot() {
         let g = geometry(3, 1000, 10, Precision::Strict);
         let ring = Ring::new(&g, 0);
