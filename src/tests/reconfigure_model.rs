@@ -289,3 +289,45 @@ fn a_bucket_below_the_clocks_resolution_is_refused() {
         Err(crate::ConfigError::BucketBelowClockResolution { .. })
     ));
 }
+
+#[test]
+fn changes_racing_checks_and_undos_on_the_old_limiter_are_safe() {
+    // No panic, and the key cap holds, while other threads check and undo on
+    // the limiter being carried over (its map changing under the walk; 81
+    // keys at a cap of 64, so the overflow ring is in use too).
+    let (first, clock) = limiter(policy(5, 1000, 10), 64);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for worker in 0..2u8 {
+            let (first, clock, stop) = (&first, &clock, &stop);
+            scope.spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let key = (i % 80) as u8 + worker;
+                    let d = first.check(&key);
+                    if i % 3 == 0 {
+                        first.undo(&key, &d);
+                    }
+                    if i % 50 == 0 {
+                        clock.advance(Duration::from_millis(7));
+                    }
+                    i += 1;
+                }
+            });
+        }
+        let mut current = first.reconfigured(policy(5, 1000, 10)).unwrap();
+        for round in 0..200u32 {
+            let next = policy(
+                1 + round % 7,
+                100 + u64::from(round % 5) * 300,
+                1 + round % 16,
+            );
+            // From the raced limiter (another window each time), then on.
+            let carried = first.reconfigured(next.clone()).unwrap();
+            assert!(carried.stats().keys_tracked <= 64);
+            current = current.reconfigured(next).unwrap();
+            let _ = current.check(&(round as u8));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
