@@ -263,16 +263,35 @@ impl Ring {
     /// `now` would run at here.
     pub(crate) fn copy(&self, g: &Geometry, now: u64) -> Ring {
         let (s, counts) = self.counts_by_age(g, now);
+        Ring::seeded(g, s, &counts)
+    }
+
+    /// A new ring entered at slot `s`, holding `counts[a]` units at slot `s - a`
+    /// for each age `a` in `0..=N` (a count past the 32-bit range is held
+    /// below it; ages beyond `N` or before slot 0 are left out).
+    ///
+    /// The ring is written before it is published (to a map, or to another
+    /// thread), so this needs no concurrency argument of its own: every check
+    /// finds it as if checks had recorded these units at these slots, with the
+    /// tags, `newest` and base the protocol expects. The units may exceed the
+    /// limit a check compares with (a limit lowered since they were admitted):
+    /// checks then deny until enough of them leave the span, as the protocol
+    /// does for any span over its limit.
+    pub(crate) fn seeded(g: &Geometry, s: u64, counts: &[u64]) -> Ring {
         let ring = Ring::at_slot(g, s);
+        let counts = &counts[..counts.len().min(g.len as usize)];
+        // The base of `s`: the units stored at ages 1..=N.
+        let mut older = 0u64;
         for (age, &units) in (0..).zip(counts.iter()) {
-            // Buckets without units keep the empty ring's stale tags (and a
-            // counted slot is never before slot 0).
-            if units > 0 {
+            // Buckets without units keep the empty ring's stale tags.
+            if units > 0 && age <= s {
                 let units = u32::try_from(units).unwrap_or(u32::MAX - 1);
                 ring.bucket(g, s - age).store(pack(s - age, units), SeqCst);
+                if age > 0 {
+                    older += u64::from(units);
+                }
             }
         }
-        let older: u64 = counts.iter().skip(1).sum();
         let base = u32::try_from(older).ok().filter(|&b| b != NO_BASE);
         ring.base.store(pack(s, base.unwrap_or(NO_BASE)), SeqCst);
         ring
@@ -888,6 +907,40 @@ mod tests {
     }
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_seeded_ring_decides_as_the_ring_whose_checks_recorded_its_counts() {
+        for (precision, limit) in [
+            (Precision::Strict, 5),
+            (Precision::Strict, 2),
+            (Precision::Interpolated, 4),
+        ] {
+            let g = geometry(limit, 1000, 10, precision);
+            let wide = geometry(10, 1000, 10, precision);
+            // Recorded by checks under a limit of 10: 1 unit at slot 2, 2 at
+            // slot 5, 1 at slot 7; then seeded as counts by age from slot 7.
+            let checked = Ring::new(&wide, 0);
+            for (slot, cost) in [(2, 1), (5, 2), (7, 1)] {
+                assert!(checked.acquire(&wide, slot * 100 * MS, cost).is_allowed());
+            }
+            let seeded = Ring::seeded(&g, 7, &[1, 0, 2, 0, 0, 1]);
+            // Over a lowered limit (2) both deny until enough units leave.
+            for t in [750, 1250, 1299, 1300, 1500, 1700, 1800] {
+                let (a, b) = (checked.peek(&g, t * MS, 1), seeded.peek(&g, t * MS, 1));
+                assert_eq!(
+                    (a.outcome(), a.remaining(), a.retry_after(), a.reset()),
+                    (b.outcome(), b.remaining(), b.retry_after(), b.reset()),
+                    "{precision:?} limit {limit} at {t} ms"
+                );
+                let (a, b) = (
+                    checked.acquire(&g, t * MS, 1),
+                    seeded.acquire(&g, t * MS, 1),
+                );
+                assert_eq!(a.outcome(), b.outcome(), "{precision:?} at {t} ms");
+                assert_eq!(a.remaining(), b.remaining(), "{precision:?} at {t} ms");
+            }
+        }
+    }
 
     #[test]
     fn admits_up_to_limit_then_denies_within_a_slot() {

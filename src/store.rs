@@ -221,4 +221,8 @@ where
     fn policy(&self) -> &Policy {
         Limiter::policy(self)
     }
+
+    fn reconfigured(&self, policy: Policy) -> Result<Self, ConfigError> {
+        Limiter::reconfigured(self, policy)
+    }
 }

@@ -6,6 +6,7 @@
 mod clock_set_back;
 mod layer_hooks;
 mod limiter_model;
+mod reconfigure_model;
 #[cfg(feature = "redis")]
 mod redis_script;
 mod stress;
