@@ -17,6 +17,11 @@
 //! each request carries axum's `ConnectInfo` (127.0.0.1) and both key by the
 //! peer's IP (tower_governor's default extractor), so each hashes an address.
 //!
+//! `layer_allowed_tiers`: the cost of tiers. One key (a `u8`) under a limit no
+//! run reaches, in a layer of one policy (`policies`) and as the third of four
+//! tiers with the same policy (`tiers`): the difference is loading the table
+//! and finding the tier by name.
+//!
 //! `layer_allowed_router` wraps an axum `Router` with one route instead of a
 //! service that answers at once (each request is routed, its handler runs and
 //! its body is built): the layers as they sit in front of an app, where the
@@ -70,6 +75,20 @@ fn layers(c: &mut Criterion) {
     let layer = governor_peer_ip(u32::MAX);
     group.bench_function("tower_governor", |b| {
         b.iter_custom(|n| run(&rt, layer.layer(inner_peer_ip()), keys, n))
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("layer_allowed_tiers");
+    group.throughput(Throughput::Elements(1));
+    let keys = Keys::Global;
+    group.bench_function("none", |b| b.iter_custom(|n| run(&rt, inner(), keys, n)));
+    let layer = rt.block_on(async { layers::ours_one_key(u32::MAX) });
+    group.bench_function("policies", |b| {
+        b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
+    });
+    let layer = rt.block_on(async { layers::ours_tiered(u32::MAX) });
+    group.bench_function("tiers", |b| {
+        b.iter_custom(|n| run(&rt, layer.layer(inner()), keys, n))
     });
     group.finish();
 

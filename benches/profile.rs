@@ -8,7 +8,9 @@
 //!
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
 //! `ours-hot-auto` (the default clock), `layer-{none,ours,governor}[-rejected]`
-//! `layer-{none,ours,governor}-peer-ip` and `layer-{none,ours,governor}-router`
+//! `layer-{none,ours,governor}-peer-ip`, `layer-{none,ours,governor}-router`,
+//! `layer-ours-one-key` and `layer-ours-tiers` (one key, one policy, in a
+//! layer of policies and as a tier)
 //! (requests through the tower layers, as in `benches/layer.rs`), `nothing`.
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
 //! move), except `ours-hot-tokio`, so the clock's share can be told apart.
@@ -116,6 +118,16 @@ fn main() {
             iters,
         ),
         "layer-governor-rejected" => layer(layers::governor(1).layer(inner()), Keys::Global, iters),
+        "layer-ours-one-key" => layer(
+            layers::ours_one_key(u32::MAX).layer(inner()),
+            Keys::Global,
+            iters,
+        ),
+        "layer-ours-tiers" => layer(
+            layers::ours_tiered(u32::MAX).layer(inner()),
+            Keys::Global,
+            iters,
+        ),
         "layer-none-peer-ip" => layer(layers::inner_peer_ip(), Keys::PeerIp, iters),
         "layer-ours-peer-ip" => layer(
             layers::ours_peer_ip(u32::MAX).layer(layers::inner_peer_ip()),

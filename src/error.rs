@@ -170,6 +170,25 @@ pub enum ConfigError {
     /// ([`Store::reconfigured`](crate::Store::reconfigured) is not
     /// implemented for it).
     PolicyFixed,
+    /// The extractor names tiers ([`tiered_key_fn`](crate::tiered_key_fn))
+    /// and the layer has policies instead of
+    /// [`tiers`](crate::SlidingWindowLayerBuilder::tiers), or the layer has
+    /// tiers and the extractor names none.
+    TiersAndExtractorDisagree {
+        /// True when the layer has tiers (and the extractor names none).
+        layer_has_tiers: bool,
+    },
+    /// A setting a layer of tiers does not support (waiting, backpressure, a
+    /// fallback key).
+    NotWithTiers {
+        /// The setting.
+        setting: &'static str,
+    },
+    /// The tier that requests of an unknown tier go to is not in the table.
+    UnknownFallbackTier {
+        /// Its name.
+        name: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -261,6 +280,18 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::PolicyFixed => {
                 f.write_str("this store cannot change its policy at run time")
+            }
+            ConfigError::TiersAndExtractorDisagree { layer_has_tiers: true } => f.write_str(
+                "the layer has tiers but its extractor names none: key requests with tiered_key_fn",
+            ),
+            ConfigError::TiersAndExtractorDisagree { layer_has_tiers: false } => f.write_str(
+                "the extractor names a tier for each request but the layer has policies: give it tiers()",
+            ),
+            ConfigError::NotWithTiers { setting } => {
+                write!(f, "{setting} is not supported by a layer of tiers")
+            }
+            ConfigError::UnknownFallbackTier { name } => {
+                write!(f, "the fallback tier {name:?} is not in the table of tiers")
             }
             ConfigError::ZeroCoolDown => f.write_str(
                 "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)",

@@ -148,7 +148,7 @@ mod tests;
 pub use clock::ManualClock;
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
-pub use extract::{key_fn, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
+pub use extract::{key_fn, tiered_key_fn, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 pub use layer::{
     MissingKey, OnLimit, RateLimited, SlidingWindow, SlidingWindowLayer, SlidingWindowLayerBuilder,
 };

@@ -70,6 +70,8 @@ pub(crate) struct LayerLogs {
     pub(crate) no_key_dry_run: Throttle,
     /// A request was left undecided, a bug (`error`).
     pub(crate) undecided: Throttle,
+    /// A request named a tier the table does not have (`warn`).
+    pub(crate) unknown_tier: Throttle,
 }
 
 #[cfg(test)]

@@ -217,6 +217,8 @@ mod on {
     pub(crate) struct LayerMetrics {
         exempt: Counter,
         missing_key: Counter,
+        unknown_tier: Counter,
+        tier_denied: Counter,
         dry_run_denied: Counter,
         waited: Counter,
         wait_rejected: Counter,
@@ -232,6 +234,8 @@ mod on {
             LayerMetrics {
                 exempt: outcome("exempt"),
                 missing_key: outcome("missing_key"),
+                unknown_tier: outcome("unknown_tier"),
+                tier_denied: outcome("tier_denied"),
                 dry_run_denied: outcome("dry_run_denied"),
                 waited: outcome("waited"),
                 wait_rejected: outcome("wait_rejected"),
@@ -245,6 +249,14 @@ mod on {
 
         pub(crate) fn missing_key(&self) {
             self.missing_key.increment(1);
+        }
+
+        pub(crate) fn unknown_tier(&self) {
+            self.unknown_tier.increment(1);
+        }
+
+        pub(crate) fn tier_denied(&self) {
+            self.tier_denied.increment(1);
         }
 
         pub(crate) fn dry_run_denied(&self) {
@@ -335,6 +347,12 @@ mod off {
 
         #[inline(always)]
         pub(crate) fn missing_key(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn unknown_tier(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn tier_denied(&self) {}
 
         #[inline(always)]
         pub(crate) fn dry_run_denied(&self) {}

@@ -230,6 +230,69 @@ fn name_policies(tier: &str, policies: Vec<Policy>) -> Result<Vec<Policy>, Confi
     Ok(named)
 }
 
+/// The tiers of a layer by name, as a [tiered
+/// extractor](crate::extract::KeyExtractor::extract_tiered) looks them up:
+/// [`find`](TierNames::find) turns the name a request carries into the
+/// [`TierId`] the layer decides it by.
+#[derive(Debug, Clone, Default)]
+pub struct TierNames {
+    names: Box<[Box<str>]>,
+    /// Beyond a few tiers, a hash lookup beats comparing names one by one.
+    index: Option<std::collections::HashMap<Box<str>, u32>>,
+}
+
+/// Up to this many tiers, names are compared one by one.
+const LINEAR_LOOKUP: usize = 8;
+
+impl TierNames {
+    pub(crate) fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> TierNames {
+        let names: Box<[Box<str>]> = names.into_iter().map(Box::from).collect();
+        let index = (names.len() > LINEAR_LOOKUP).then(|| {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| (name.clone(), i as u32))
+                .collect()
+        });
+        TierNames { names, index }
+    }
+
+    /// The tier called `name`, or [`TierId::UNKNOWN`].
+    #[inline]
+    pub fn find(&self, name: &str) -> TierId {
+        let found = match &self.index {
+            Some(index) => index.get(name).copied(),
+            None => self
+                .names
+                .iter()
+                .position(|n| same_name(n.as_bytes(), name.as_bytes()))
+                .map(|i| i as u32),
+        };
+        TierId(found.unwrap_or(u32::MAX))
+    }
+}
+
+/// `a == b` for short names, compared inline: a call to `memcmp` per tier
+/// would cost more than the comparison.
+#[inline]
+fn same_name(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+/// A tier of a layer's table, found by [`TierNames::find`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierId(u32);
+
+impl TierId {
+    /// No tier of the table: the layer answers the request as configured for
+    /// an unknown tier.
+    pub const UNKNOWN: TierId = TierId(u32::MAX);
+
+    pub(crate) fn index(self) -> Option<usize> {
+        (self != TierId::UNKNOWN).then_some(self.0 as usize)
+    }
+}
+
 #[cfg(feature = "serde")]
 mod de {
     use super::{TierLimits, Tiers};
@@ -362,6 +425,25 @@ mod tests {
         assert_eq!(tiers.len(), 5);
         let order: Vec<&str> = tiers.iter().map(|(name, _)| name).collect();
         assert_eq!(order, ["free", "paid", "mixed", "internal", "suspended"]);
+    }
+
+    #[test]
+    fn names_are_found_by_comparison_and_by_hash_alike() {
+        for count in [1, LINEAR_LOOKUP, LINEAR_LOOKUP + 1, 40] {
+            let names: Vec<String> = (0..count).map(|i| format!("tier-{i}")).collect();
+            let lookup = TierNames::new(names.iter().map(String::as_str));
+            assert_eq!(lookup.index.is_some(), count > LINEAR_LOOKUP);
+            for (i, name) in names.iter().enumerate() {
+                assert_eq!(lookup.find(name).index(), Some(i), "{name} of {count}");
+            }
+            for absent in ["", "tier-", "tier-400", "Tier-0", "tier-0 "] {
+                assert_eq!(
+                    lookup.find(absent),
+                    TierId::UNKNOWN,
+                    "{absent:?} of {count}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! feature, tier tables from TOML, YAML and JSON.
 
 use std::time::Duration;
-use tower_sliding_window::{ConfigError, Policy, PolicyParseError, Precision, TierLimits, Tiers};
+use tower_sliding_window::{ConfigError, Policy, PolicyParseError};
 
 #[test]
 fn policy_notation_parses_the_units_people_write() {
@@ -44,6 +44,7 @@ fn policy_notation_names_what_is_wrong() {
 #[cfg(feature = "serde")]
 mod serde_tables {
     use super::*;
+    use tower_sliding_window::{Precision, TierLimits, Tiers};
 
     fn assert_table(tiers: &Tiers) {
         // Formats differ in whether they keep a map's order; the set is what counts.

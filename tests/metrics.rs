@@ -8,7 +8,9 @@ use metrics_util::{CompositeKey, MetricKind};
 use std::convert::Infallible;
 use std::time::Duration;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_sliding_window::{key_fn, KeyExtractor, OnLimit, Policy, SlidingWindowLayer, WaitConfig};
+use tower_sliding_window::{
+    key_fn, tiered_key_fn, KeyExtractor, OnLimit, Policy, SlidingWindowLayer, Tiers, WaitConfig,
+};
 
 fn policy(name: &str, limit: u32, window_ms: u64) -> Policy {
     Policy::builder()
@@ -243,6 +245,54 @@ async fn a_layer_of_several_policies_labels_its_requests_with_their_names() {
         &[("policy", "burst+hourly"), ("outcome", "missing_key")],
     );
     assert_eq!(missing, 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_layer_of_tiers_counts_unlimited_denied_and_unknown_tiers() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let tiers = Tiers::builder()
+        .limited("free", [policy("free", 1, 60_000)])
+        .unlimited("internal")
+        .denied("suspended")
+        .build()
+        .unwrap();
+    // The tier is the path, the key the user.
+    let by_tier = tiered_key_fn(|req: &Request<String>| {
+        let tier = req.uri().path().trim_start_matches('/').to_owned();
+        Some((tier, req.headers().get("x-user")?.to_str().ok()?.to_owned()))
+    });
+    let layer = SlidingWindowLayer::builder(by_tier)
+        .tiers(tiers)
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new().layer(layer).service(ok_service());
+    let status = |path: &'static str| {
+        let svc = svc.clone();
+        async move {
+            svc.oneshot(request(Some("ada"), path))
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(status("/free").await, StatusCode::OK);
+    assert_eq!(status("/free").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status("/internal").await, StatusCode::OK);
+    assert_eq!(status("/suspended").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status("/gold").await, StatusCode::INTERNAL_SERVER_ERROR);
+    let snapshot = Snapshot::take(&snapshotter);
+    let requests = |outcome| {
+        snapshot.counter(
+            "tower_sliding_window_requests_total",
+            &[("policy", "free+internal+suspended"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(requests("exempt"), 1);
+    assert_eq!(requests("tier_denied"), 1);
+    assert_eq!(requests("unknown_tier"), 1);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -45,6 +45,39 @@ pub fn ours_peer_ip(limit: u32) -> SlidingWindowLayer<PeerIp> {
     ours_with(limit, PeerIp::new())
 }
 
+/// Every request under one key of a `u8`, in a layer of policies.
+pub type OneKey = tower_sliding_window::extract::KeyFn<fn(&Req) -> Option<u8>, u8>;
+
+/// Every request in tier "paid" under one key, in a layer of four tiers.
+pub type OneKeyInTier =
+    tower_sliding_window::extract::TieredKeyFn<fn(&Req) -> Option<(&'static str, u8)>, u8>;
+
+pub fn ours_one_key(limit: u32) -> SlidingWindowLayer<OneKey> {
+    {
+        let extractor: OneKey = tower_sliding_window::key_fn(|_: &Req| Some(0u8));
+        ours_with(limit, extractor)
+    }
+}
+
+/// The same policy as `ours_one_key` as the third of four tiers: the request
+/// loads the table, finds its tier by name, and is decided as above.
+pub fn ours_tiered(limit: u32) -> SlidingWindowLayer<OneKeyInTier> {
+    let policy = Policy::per(limit, Duration::from_secs(3600)).unwrap();
+    let tiers = tower_sliding_window::Tiers::builder()
+        .limited("anonymous", [policy.clone()])
+        .limited("free", [policy.clone()])
+        .limited("paid", [policy])
+        .unlimited("internal")
+        .build()
+        .unwrap();
+    let extractor: OneKeyInTier =
+        tower_sliding_window::tiered_key_fn(|_: &Req| Some(("paid", 0u8)));
+    SlidingWindowLayer::builder(extractor)
+        .tiers(tiers)
+        .build()
+        .unwrap()
+}
+
 /// A burst of `limit`; for `u32::MAX` (every request passes) one more per
 /// nanosecond, else one more per hour. (A burst of `u32::MAX` refilled hourly, as
 /// in `benches/http.rs`, starts rejecting after about a million requests, well

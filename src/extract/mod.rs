@@ -44,6 +44,7 @@ pub use self::forwarded::ProxyHeader;
 pub use self::header::HeaderKey;
 pub use self::ip::{ClientIp, PeerIp};
 pub use self::net::{IpNet, IpNetParseError};
+pub use crate::tier::{TierId, TierNames};
 
 /// What an extractor's keys are, whatever the request type: their type, and
 /// the status a request without one gets.
@@ -68,6 +69,14 @@ pub trait Keyed {
     /// a missing peer address means the server was set up without it.
     fn missing_key_status(&self) -> StatusCode {
         StatusCode::BAD_REQUEST
+    }
+
+    /// True for an extractor that names each request's tier along with its
+    /// key ([`tiered_key_fn`]): only those key a layer of
+    /// [`tiers`](crate::SlidingWindowLayerBuilder::tiers), and a layer of
+    /// policies takes only the others.
+    fn names_tiers(&self) -> bool {
+        false
     }
 }
 
@@ -154,6 +163,15 @@ pub trait KeyExtractor<Req>: Keyed + Send + Sync + 'static {
         let _ = req;
         false
     }
+
+    /// The request's tier (looked up in `tiers` by name) and key, or `None`
+    /// when it has no key. Extractors that [name tiers](Keyed::names_tiers)
+    /// implement it; the default puts every key in an unknown tier.
+    #[inline]
+    fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, Self::Key)> {
+        let _ = tiers;
+        self.extract(req).map(|key| (TierId::UNKNOWN, key))
+    }
 }
 
 /// A closure `Fn(&Req) -> Option<K>` as a [`KeyExtractor`], as tower's
@@ -239,11 +257,95 @@ impl<Req: 'static, K: Hash + Eq + Clone + Send + Sync + 'static> KeyExtractor<Re
     }
 }
 
+/// A closure `Fn(&Req) -> Option<(T, K)>` naming each request's tier (any
+/// `T: AsRef<str>`: a `&'static str`, a `String` from a lookup) along with its
+/// key, for a layer of [`tiers`](crate::SlidingWindowLayerBuilder::tiers).
+/// `None` means the request has no key; a tier the table lacks is answered
+/// as the layer is configured for an unknown tier.
+///
+/// ```
+/// use http::Request;
+/// use tower_sliding_window::tiered_key_fn;
+///
+/// // Callers with an API key by the key's tier; the others by IP, anonymous.
+/// let by_tier = tiered_key_fn(|req: &Request<()>| {
+///     match req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
+///         Some(key) if key.starts_with("paid_") => Some(("paid", key.to_owned())),
+///         Some(key) => Some(("free", key.to_owned())),
+///         None => Some(("anonymous", "by-ip".to_owned())),
+///     }
+/// });
+/// # let _ = by_tier;
+/// ```
+pub fn tiered_key_fn<Req, T, K, F>(f: F) -> TieredKeyFn<F, K>
+where
+    F: Fn(&Req) -> Option<(T, K)>,
+    T: AsRef<str>,
+{
+    TieredKeyFn {
+        f,
+        key: PhantomData,
+    }
+}
+
+/// A closure naming a tier and a key; see [`tiered_key_fn`].
+pub struct TieredKeyFn<F, K> {
+    f: F,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<F: Clone, K> Clone for TieredKeyFn<F, K> {
+    fn clone(&self) -> Self {
+        TieredKeyFn {
+            f: self.f.clone(),
+            key: PhantomData,
+        }
+    }
+}
+
+impl<F, K> fmt::Debug for TieredKeyFn<F, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TieredKeyFn")
+            .field("key", &std::any::type_name::<K>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, K: Hash + Eq + Clone + Send + Sync + 'static> Keyed for TieredKeyFn<F, K> {
+    type Key = K;
+
+    fn names_tiers(&self) -> bool {
+        true
+    }
+}
+
+impl<Req, T, K, F> KeyExtractor<Req> for TieredKeyFn<F, K>
+where
+    F: Fn(&Req) -> Option<(T, K)> + Send + Sync + 'static,
+    T: AsRef<str>,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// The key alone (a layer of tiers asks for both).
+    #[inline]
+    fn extract(&self, req: &Req) -> Option<K> {
+        (self.f)(req).map(|(_, key)| key)
+    }
+
+    #[inline]
+    fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, K)> {
+        (self.f)(req).map(|(tier, key)| (tiers.find(tier.as_ref()), key))
+    }
+}
+
 impl<T: Keyed + ?Sized> Keyed for Arc<T> {
     type Key = T::Key;
 
     fn missing_key_status(&self) -> StatusCode {
         (**self).missing_key_status()
+    }
+
+    fn names_tiers(&self) -> bool {
+        (**self).names_tiers()
     }
 }
 
@@ -262,6 +364,11 @@ impl<Req, T: KeyExtractor<Req> + ?Sized> KeyExtractor<Req> for Arc<T> {
     fn is_exempt(&self, req: &Req) -> bool {
         (**self).is_exempt(req)
     }
+
+    #[inline]
+    fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, Self::Key)> {
+        (**self).extract_tiered(req, tiers)
+    }
 }
 
 impl<T: Keyed + ?Sized> Keyed for Box<T> {
@@ -269,6 +376,10 @@ impl<T: Keyed + ?Sized> Keyed for Box<T> {
 
     fn missing_key_status(&self) -> StatusCode {
         (**self).missing_key_status()
+    }
+
+    fn names_tiers(&self) -> bool {
+        (**self).names_tiers()
     }
 }
 
@@ -286,6 +397,11 @@ impl<Req, T: KeyExtractor<Req> + ?Sized> KeyExtractor<Req> for Box<T> {
     #[inline]
     fn is_exempt(&self, req: &Req) -> bool {
         (**self).is_exempt(req)
+    }
+
+    #[inline]
+    fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, Self::Key)> {
+        (**self).extract_tiered(req, tiers)
     }
 }
 
@@ -396,6 +512,10 @@ impl<X: Keyed, C> Keyed for WithCost<X, C> {
     fn missing_key_status(&self) -> StatusCode {
         self.extractor.missing_key_status()
     }
+
+    fn names_tiers(&self) -> bool {
+        self.extractor.names_tiers()
+    }
 }
 
 impl<Req, X, C> KeyExtractor<Req> for WithCost<X, C>
@@ -416,6 +536,10 @@ where
     #[inline]
     fn is_exempt(&self, req: &Req) -> bool {
         self.extractor.is_exempt(req)
+    }
+    #[inline]
+    fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, Self::Key)> {
+        self.extractor.extract_tiered(req, tiers)
     }
 }
 
@@ -440,6 +564,10 @@ impl<X: Keyed, E> Keyed for WithExemption<X, E> {
     fn missing_key_status(&self) -> StatusCode {
         self.extractor.missing_key_status()
     }
+
+    fn names_tiers(&self) -> bool {
+        self.extractor.names_tiers()
+    }
 }
 
 impl<Req, X, E> KeyExtractor<Req> for WithExemption<X, E>
@@ -460,6 +588,10 @@ where
     #[inline]
     fn is_exempt(&self, req: &Req) -> bool {
         self.exempt.is_exempt(req) || self.extractor.is_exempt(req)
+    }
+    #[inline]
+    fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, Self::Key)> {
+        self.extractor.extract_tiered(req, tiers)
     }
 }
 

@@ -12,6 +12,8 @@
 //! - [`algorithm`]: the ring of sub-window counters, and why strict mode never
 //!   admits more than the limit in any window, even under races.
 //! - [`waiting`]: how the layer holds a request back instead of rejecting it.
+//! - [`tiers`]: limits per client tier, read from configuration and changed
+//!   at run time, and what a change guarantees.
 //! - [`memory`]: what a limiter holds, when idle keys go (`sweep_idle`), and
 //!   what the process gets back from its allocator.
 
@@ -45,4 +47,8 @@ pub mod ordering {
 
 pub mod waiting {
     #![doc = include_str!("waiting.md")]
+}
+
+pub mod tiers {
+    #![doc = include_str!("tiers.md")]
 }

@@ -9,11 +9,10 @@
 //! mistake there does not compile, rather than failing when the layer is built.
 
 use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig};
-use super::response::{self, PolicyName};
 use super::shared::{
-    Hold, KeyFormatter, LayerCounters, Limit, MissingKey, OnLimit, Shared, SlidingWindowLayer,
-    MAX_POLICIES,
+    Hold, KeyFormatter, LayerCounters, MissingKey, OnLimit, Shared, SlidingWindowLayer,
 };
+use super::tiers::{Policies, StoreFactory, TierState};
 use super::waiting::{AsLocal, LayerQueues, LocalStore};
 use crate::clock::{AutoClock, Clock};
 use crate::error::ConfigError;
@@ -25,6 +24,7 @@ use crate::log::LayerLogs;
 use crate::metrics::LayerMetrics;
 use crate::policy::Policy;
 use crate::store::Store;
+use crate::tier::Tiers;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +43,7 @@ type ClockFactory<C> = Box<dyn Fn(&Policy, bool) -> C + Send + Sync>;
 /// A builder of in-memory limiters, one per [`Policy`], reading clock `C`.
 pub struct InMemory<C = AutoClock> {
     policies: Vec<Policy>,
+    tiers: Option<Tiers>,
     max_keys: usize,
     clock: ClockFactory<C>,
     hold: Hold,
@@ -61,6 +62,7 @@ impl<C> fmt::Debug for InMemory<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InMemory")
             .field("policies", &self.policies)
+            .field("tiers", &self.tiers)
             .field("max_keys", &self.max_keys)
             .field("clock", &std::any::type_name::<C>())
             .field("hold", &self.hold)
@@ -73,6 +75,7 @@ impl Default for InMemory {
     fn default() -> Self {
         InMemory {
             policies: Vec::new(),
+            tiers: None,
             max_keys: Limiter::<(), AutoClock>::DEFAULT_MAX_KEYS,
             clock: Box::new(|policy, waits| {
                 // A waiting layer sleeps on tokio timers, so its limiters read
@@ -106,8 +109,34 @@ struct Settings<K> {
     /// Set by the HTTP rejection settings (`status()`, `grpc_status()`, the
     /// header options, `reject_with()`), which `reject_with_errors()` has none of.
     http_rejection: bool,
+    /// A layer of tiers: the tier that requests of a tier the table lacks
+    /// are decided by.
+    unknown_tier_fallback: Option<Box<str>>,
     /// A mistake found while configuring, reported by `build()`.
     error: Option<ConfigError>,
+}
+
+/// A builder of stores for a table of tiers, made by a factory, all of type
+/// `St`.
+pub struct TieredStores<St> {
+    tiers: Tiers,
+    factory: StoreFactory<St>,
+}
+
+impl<St> fmt::Debug for TieredStores<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TieredStores")
+            .field("tiers", &self.tiers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a layer's counts live, as `finish` takes them.
+enum Counts<St> {
+    /// One set of policies for every request.
+    Policies(Vec<St>),
+    /// A table of tiers, and how to make the store of a policy.
+    Tiers(Tiers, StoreFactory<St>),
 }
 
 /// Builder for [`SlidingWindowLayer`]; [`build`](Self::build) validates
@@ -197,6 +226,7 @@ impl<X: Keyed> SlidingWindowLayer<X> {
                 key_formatter: None,
                 reserve_key: None,
                 http_rejection: false,
+                unknown_tier_fallback: None,
                 error: None,
             },
         }
@@ -318,10 +348,19 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
         }
     }
 
+    /// A layer of tiers: decide requests whose tier the table does not have
+    /// (the extractor named a tier that is not, or no longer, in it) by tier
+    /// `tier` instead of rejecting them with 500. `tier` must be in the table
+    /// (checked by `build` and by every change of the table).
+    pub fn unknown_tier_fallback(mut self, tier: impl Into<String>) -> Self {
+        self.settings.unknown_tier_fallback = Some(tier.into().into_boxed_str());
+        self
+    }
+
     /// Everything `build` checks beside the stores, and the layer around them.
     fn finish<St>(
         self,
-        stores: Vec<St>,
+        counts: Counts<St>,
         hold: Hold,
         local: Option<AsLocal<St, KeyOf<X>>>,
     ) -> Result<SlidingWindowLayer<X, St, M>, ConfigError>
@@ -342,36 +381,40 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
         if settings.dry_run {
             mode.headers_on_every_response();
         }
-        if stores.is_empty() {
-            return Err(ConfigError::NoPolicy);
-        }
-        if stores.len() > MAX_POLICIES {
-            return Err(ConfigError::TooManyPolicies {
-                count: stores.len(),
-                max: MAX_POLICIES,
+        let tiered = matches!(counts, Counts::Tiers(..));
+        if tiered != extractor.names_tiers() {
+            return Err(ConfigError::TiersAndExtractorDisagree {
+                layer_has_tiers: tiered,
             });
         }
-        let mut limits: Vec<Limit<St>> = Vec::with_capacity(stores.len());
-        for store in stores {
-            let name = store.policy().name();
-            if !response::is_valid_policy_name(name) {
-                return Err(ConfigError::InvalidPolicyName {
-                    name: name.to_owned(),
-                });
+        let (policies, tiers, metrics) = match counts {
+            Counts::Policies(stores) => {
+                let policies = Policies::new(stores)?;
+                let metrics = LayerMetrics::new(policies.limits.iter().map(|l| &*l.name));
+                (policies, None, metrics)
             }
-            if limits.iter().any(|l| &*l.name == name) {
-                return Err(ConfigError::DuplicatePolicyName {
-                    name: name.to_owned(),
-                });
+            Counts::Tiers(tiers, factory) => {
+                if hold != Hold::Reject {
+                    return Err(ConfigError::NotWithTiers {
+                        setting: "waiting (OnLimit::Wait, backpressure)",
+                    });
+                }
+                if matches!(settings.missing_key, MissingKey::Fallback(_)) {
+                    return Err(ConfigError::NotWithTiers {
+                        setting: "MissingKey::Fallback (name a tier and key for such requests in the extractor)",
+                    });
+                }
+                let metrics = LayerMetrics::new(tiers.iter().map(|(name, _)| name));
+                let state =
+                    TierState::new(&tiers, factory, settings.unknown_tier_fallback.clone())?;
+                (Policies::none(), Some(state), metrics)
             }
-            limits.push(Limit {
-                name: PolicyName::from(name),
-                quoted_name: response::quoted(name).into_boxed_str(),
-                store,
+        };
+        if !tiered && settings.unknown_tier_fallback.is_some() {
+            return Err(ConfigError::NotWithTiers {
+                setting: "unknown_tier_fallback on a layer of policies",
             });
         }
-        let policy_header = response::policy_header(limits.iter().map(|l| l.store.policy()));
-        let metrics = LayerMetrics::new(limits.iter().map(|l| &*l.name));
         let reserve_key = settings
             .reserve_key
             .filter(|_| hold == Hold::Backpressure && !settings.dry_run);
@@ -381,8 +424,8 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
                     .missing_key_status()
                     .unwrap_or_else(|| extractor.missing_key_status()),
                 extractor,
-                limits: limits.into_boxed_slice(),
-                policy_header,
+                policies: Arc::new(policies),
+                tiers,
                 mode,
                 missing_key: settings.missing_key,
                 hold,
@@ -457,6 +500,58 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
         self.with_stores(InMemory::default()).backpressure()
     }
 
+    /// Decide each request by the policies of its tier, from a table of
+    /// [`Tiers`], in in-memory [`Limiter`]s (one per policy of each limited
+    /// tier, so a key's counts in one tier never touch another's): the builder
+    /// becomes one of [`InMemory`] limiters, whose settings (`max_keys`, a
+    /// clock, sweeping) apply to every tier's limiters. The extractor names
+    /// each request's tier along with its key ([`tiered_key_fn`](crate::tiered_key_fn)).
+    /// Change the table at run time with
+    /// [`SlidingWindowLayer::set_tiers`]. A layer of tiers rejects at once
+    /// (it does not wait) and has no fallback key.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_sliding_window::{tiered_key_fn, SlidingWindowLayer, Tiers};
+    ///
+    /// let tiers = Tiers::builder()
+    ///     .limited("anonymous", ["20/min".parse()?])
+    ///     .limited("paid", ["5000/min".parse()?])
+    ///     .unlimited("internal")
+    ///     .build()?;
+    /// let layer = SlidingWindowLayer::builder(tiered_key_fn(|req: &Request<()>| {
+    ///     let key = req.headers().get("x-api-key")?.to_str().ok()?;
+    ///     Some((if key.starts_with("int_") { "internal" } else { "paid" }, key.to_owned()))
+    /// }))
+    /// .tiers(tiers)
+    /// .build()?;
+    /// assert_eq!(layer.tier_stores("paid").unwrap().iter().len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tiers(self, tiers: Tiers) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+        self.with_stores(InMemory::default()).tiers(tiers)
+    }
+
+    /// Decide each request by the policies of its tier, each in a store that
+    /// `factory` makes from the tier's name and the policy (at `build`, and
+    /// for a tier or policy that a change of the table adds): Redis stores
+    /// sharing one connection, say. A change of a policy's limit or window
+    /// reconfigures its store ([`Store::reconfigured`]), keeping its counts.
+    pub fn tier_stores<St, F>(
+        self,
+        tiers: Tiers,
+        factory: F,
+    ) -> SlidingWindowLayerBuilder<X, TieredStores<St>, M>
+    where
+        St: Store<KeyOf<X>>,
+        F: Fn(&str, &Policy) -> Result<St, ConfigError> + Send + Sync + 'static,
+    {
+        self.with_stores(TieredStores {
+            tiers,
+            factory: Box::new(factory),
+        })
+    }
+
     /// Decide with `store` for one more policy (its own [`Store::policy`]),
     /// such as a Redis store shared by a fleet. Every store of a layer has one
     /// type; stores do not mix with [`policy`](Self::policy), and the
@@ -474,6 +569,14 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
 
 /// In-memory limiters, one per policy.
 impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
+    /// Decide each request by the policies of its tier, in in-memory
+    /// limiters made with this builder's settings: see the [tiers
+    /// chapter](crate::guide::tiers).
+    pub fn tiers(mut self, tiers: Tiers) -> Self {
+        self.stores.tiers = Some(tiers);
+        self
+    }
+
     /// Add a policy, enforced by an in-memory [`Limiter`] created in
     /// [`build`](Self::build). Several policies are decided all-or-nothing.
     pub fn policy(mut self, policy: Policy) -> Self {
@@ -566,6 +669,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     ) -> SlidingWindowLayerBuilder<X, InMemory<C2>, M> {
         let InMemory {
             policies,
+            tiers,
             max_keys,
             hold,
             sweep,
@@ -573,6 +677,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
         } = self.stores;
         let stores = InMemory {
             policies,
+            tiers,
             max_keys,
             clock: Box::new(move |_: &Policy, _| clock.clone()),
             hold,
@@ -640,7 +745,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
 
     /// Validate the configuration and create the limiters.
     ///
-    /// Errors: no policy, more than [`MAX_POLICIES`], a policy name that is
+    /// Errors: no policy, more than [`MAX_POLICIES`](crate::layer::MAX_POLICIES), a policy name that is
     /// not printable ASCII or is used twice, a rejection status that is not
     /// 4xx/5xx, a gRPC code outside 1..=16, HTTP rejection settings followed
     /// by [`reject_with_errors`](Self::reject_with_errors), and any limiter
@@ -652,25 +757,54 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
         C: Clock,
         M: ModeConfig,
     {
-        let waits = !self.settings.dry_run && self.stores.hold != Hold::Reject;
-        let limiters = self
-            .stores
-            .policies
-            .iter()
-            .map(|policy| {
-                let limiter = Limiter::builder(policy.clone())
-                    .clock((self.stores.clock)(policy, waits))
-                    .max_keys(self.stores.max_keys);
-                match self.stores.sweep {
-                    None => limiter,
-                    Some(Sweep::EveryBucket) => limiter.sweep_idle(),
-                    Some(Sweep::Every(every)) => limiter.sweep_idle_every(every),
-                }
-                .build()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let hold = self.stores.hold;
-        self.finish(limiters, hold, Some(as_local::<KeyOf<X>, C>))
+        let SlidingWindowLayerBuilder {
+            extractor,
+            stores,
+            mode,
+            settings,
+        } = self;
+        let InMemory {
+            policies,
+            tiers,
+            max_keys,
+            clock,
+            hold,
+            sweep,
+        } = stores;
+        let waits = !settings.dry_run && hold != Hold::Reject;
+        let make = move |policy: &Policy, waits: bool| {
+            let limiter = Limiter::builder(policy.clone())
+                .clock(clock(policy, waits))
+                .max_keys(max_keys);
+            match sweep {
+                None => limiter,
+                Some(Sweep::EveryBucket) => limiter.sweep_idle(),
+                Some(Sweep::Every(every)) => limiter.sweep_idle_every(every),
+            }
+            .build::<KeyOf<X>>()
+        };
+        let counts = match tiers {
+            None => Counts::Policies(
+                policies
+                    .iter()
+                    .map(|policy| make(policy, waits))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(_) if !policies.is_empty() => {
+                return Err(ConfigError::NotWithTiers {
+                    setting: "policy() beside tiers() (give each tier its policies)",
+                })
+            }
+            // A layer of tiers never waits (checked in `finish`).
+            Some(tiers) => Counts::Tiers(tiers, Box::new(move |_, policy| make(policy, false))),
+        };
+        let builder = SlidingWindowLayerBuilder {
+            extractor,
+            stores: Unset,
+            mode,
+            settings,
+        };
+        builder.finish(counts, hold, Some(as_local::<KeyOf<X>, C>))
     }
 }
 
@@ -698,7 +832,7 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, Stores<St>, 
 
     /// Validate the configuration and take the stores.
     ///
-    /// Errors: more than [`MAX_POLICIES`], a policy name that is not
+    /// Errors: more than [`MAX_POLICIES`](crate::layer::MAX_POLICIES), a policy name that is not
     /// printable ASCII or is used twice, a rejection status that is not
     /// 4xx/5xx, a gRPC code outside 1..=16, and HTTP rejection settings
     /// followed by [`reject_with_errors`](Self::reject_with_errors).
@@ -718,7 +852,35 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, Stores<St>, 
             mode,
             settings,
         };
-        builder.finish(stores.stores, Hold::Reject, None)
+        builder.finish(Counts::Policies(stores.stores), Hold::Reject, None)
+    }
+}
+
+/// Stores for a table of tiers.
+impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, TieredStores<St>, M> {
+    /// Validate the configuration and make every tier's stores.
+    ///
+    /// Errors: those of [`Stores`]' `build` for each tier's stores, an
+    /// extractor that does not name tiers, a fallback tier not in the table,
+    /// and any error of the factory.
+    pub fn build(self) -> Result<SlidingWindowLayer<X, St, M>, ConfigError>
+    where
+        M: ModeConfig,
+    {
+        let SlidingWindowLayerBuilder {
+            extractor,
+            stores,
+            mode,
+            settings,
+        } = self;
+        let builder = SlidingWindowLayerBuilder {
+            extractor,
+            stores: Unset,
+            mode,
+            settings,
+        };
+        let counts = Counts::Tiers(stores.tiers, stores.factory);
+        builder.finish(counts, Hold::Reject, None)
     }
 }
 
@@ -743,7 +905,11 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M: ModeConfig> SlidingWindowLayerBuilder<X, 
             mode,
             settings,
         };
-        builder.finish(stores.stores, Hold::Wait(config), Some(local))
+        builder.finish(
+            Counts::Policies(stores.stores),
+            Hold::Wait(config),
+            Some(local),
+        )
     }
 }
 
@@ -963,7 +1129,7 @@ mod tests {
             Err(ConfigError::InvalidPolicyName { .. })
         ));
 
-        let too_many = (0..=MAX_POLICIES).fold(
+        let too_many = (0..=crate::layer::MAX_POLICIES).fold(
             SlidingWindowLayer::builder(key_fn(key)).max_keys(10),
             |b, i| {
                 b.policy(

@@ -4,7 +4,7 @@
 
 use super::rejection::{Rejection, RejectionMode};
 use super::response::RateLimitHeaders;
-use super::shared::{Shared, MAX_POLICIES};
+use super::shared::{Policies, Shared, MAX_POLICIES};
 use crate::decision::{Decision, Outcome};
 use crate::extract::{KeyOf, Keyed};
 use crate::stats::bump;
@@ -37,15 +37,15 @@ pub(crate) enum Action<T, E> {
 /// a remote one from its deny cache). True when some store must still be
 /// asked through its future, and no answer so far denies the request: only
 /// then is a remote store worth a round trip.
-pub(crate) fn ask_now<X: Keyed, St: Store<KeyOf<X>>, M>(
-    shared: &Shared<X, St, M>,
-    key: &KeyOf<X>,
+pub(crate) fn ask_now<K, St: Store<K>>(
+    policies: &Policies<St>,
+    key: &K,
     cost: u32,
     answers: &mut Answers,
 ) -> bool {
     let mut later = false;
     let mut settled = false;
-    for (answer, limit) in answers.iter_mut().zip(shared.limits.iter()) {
+    for (answer, limit) in answers.iter_mut().zip(policies.limits.iter()) {
         if answer.is_some() {
             continue;
         }
@@ -72,7 +72,7 @@ pub(crate) fn ask_now_local<X: Keyed, St, M>(
     let Some(local) = shared.local else {
         return;
     };
-    for (answer, limit) in answers.iter_mut().zip(shared.limits.iter()) {
+    for (answer, limit) in answers.iter_mut().zip(shared.policies.limits.iter()) {
         *answer = Some(Ok(local(&limit.store).check_n(key, cost)));
     }
 }
@@ -91,9 +91,9 @@ pub(crate) fn waits_longer(d: &Decision, than: &Decision) -> bool {
 /// the others counted, and name the policy to report: for a denial the denying
 /// one with the longest wait; for an admission the one with the lowest
 /// remaining share of its limit.
-pub(crate) fn decide<X: Keyed, St: Store<KeyOf<X>>, M>(
-    shared: &Shared<X, St, M>,
-    key: &KeyOf<X>,
+pub(crate) fn decide<K, St: Store<K>>(
+    policies: &Policies<St>,
+    key: &K,
     answers: &Answers,
 ) -> Verdict {
     let mut allowed: Option<(usize, Decision)> = None;
@@ -139,7 +139,7 @@ pub(crate) fn decide<X: Keyed, St: Store<KeyOf<X>>, M>(
             Verdict::Unanswered
         }
     };
-    give_back(shared, key, answers.iter().map(admitted));
+    give_back(policies, key, answers.iter().map(admitted));
     verdict
 }
 
@@ -153,12 +153,12 @@ pub(crate) fn admitted(answer: &Option<Result<Decision, StoreError>>) -> Option<
 
 /// Give back every unit these admissions counted, policy by policy
 /// (all-or-nothing: the request does not go through).
-pub(crate) fn give_back<'d, X: Keyed, St: Store<KeyOf<X>>, M>(
-    shared: &Shared<X, St, M>,
-    key: &KeyOf<X>,
+pub(crate) fn give_back<'d, K, St: Store<K>>(
+    policies: &Policies<St>,
+    key: &K,
     admissions: impl IntoIterator<Item = Option<&'d Decision>>,
 ) {
-    for (decision, limit) in admissions.into_iter().zip(shared.limits.iter()) {
+    for (decision, limit) in admissions.into_iter().zip(policies.limits.iter()) {
         if let Some(decision) = decision {
             limit.store.undo(key, decision);
         }
@@ -170,6 +170,7 @@ pub(crate) fn give_back<'d, X: Keyed, St: Store<KeyOf<X>>, M>(
 /// logging as the layer is configured.
 pub(crate) fn act<Req, S, X, St, M>(
     shared: &Shared<X, St, M>,
+    policies: &Policies<St>,
     req: &Req,
     key: &KeyOf<X>,
     verdict: Verdict,
@@ -185,13 +186,13 @@ where
             Some(Ok(d)) => *d,
             _ => Decision::allow_unchecked(0),
         };
-        shared.report(i, decision)
+        policies.report(i, decision)
     };
     match verdict {
         Verdict::Allowed(i) => Action::Forward(shared.mode.allowed_headers(|| report(i))),
         Verdict::Limited(i) => {
             let report = report(i);
-            let name = &shared.limits[i].name;
+            let name = &policies.limits[i].name;
             let d = &report.decision;
             let retry_ms = d.retry_after().map(|w| w.as_millis() as u64);
             if shared.dry_run {
@@ -226,7 +227,7 @@ where
                 return unanswered(shared, req);
             };
             if let Some(held) = shared.logs.store_down.admit() {
-                tracing::warn!(policy = %shared.limits[i].name, %error, kind = ?error.kind(), dry_run = shared.dry_run, held_back = held, "rate limit: store could not decide");
+                tracing::warn!(policy = %policies.limits[i].name, %error, kind = ?error.kind(), dry_run = shared.dry_run, held_back = held, "rate limit: store could not decide");
             }
             if shared.dry_run {
                 return Action::Forward(None);
@@ -262,9 +263,9 @@ where
 /// The verdict of a wait queue's outcome, as the reject path would reach it:
 /// the admissions (reported as the policy closest to its limit), or the
 /// denial of policy `policy`.
-pub(crate) fn queued_verdict<X: Keyed, St: Store<KeyOf<X>>, M>(
-    shared: &Shared<X, St, M>,
-    key: &KeyOf<X>,
+pub(crate) fn queued_verdict<K, St: Store<K>>(
+    policies: &Policies<St>,
+    key: &K,
     outcome: Result<&[Option<Decision>; MAX_POLICIES], (usize, Decision)>,
     answers: &mut Answers,
 ) -> Verdict {
@@ -273,11 +274,11 @@ pub(crate) fn queued_verdict<X: Keyed, St: Store<KeyOf<X>>, M>(
             for (answer, decision) in answers.iter_mut().zip(admitted) {
                 *answer = decision.map(Ok);
             }
-            decide(shared, key, answers)
+            decide(policies, key, answers)
         }
         Err((policy, decision)) => {
-            debug_assert!(policy < shared.limits.len(), "policy {policy} of a queue");
-            if policy >= shared.limits.len() {
+            debug_assert!(policy < policies.limits.len(), "policy {policy} of a queue");
+            if policy >= policies.limits.len() {
                 return Verdict::Unanswered;
             }
             debug_assert!(decision.outcome() != Outcome::Allowed);

@@ -8,13 +8,16 @@
 //!
 //! Inside, each file has one concern and depends only on those listed before
 //! it: `response` (header values and responses), `rejection` (how a rejection
-//! reaches the caller), `shared` (the layer and its shared state), `decide`
+//! reaches the caller), `tiers` (the policies a request is decided by: the
+//! layer's, or its tier's), `shared` (the layer and its shared state), `decide`
 //! (one request's all-or-nothing decision), `future`, `waiting` (the waiting
 //! modes), `service`, `builder`.
 
 mod response;
 
 mod rejection;
+
+mod tiers;
 
 mod shared;
 
@@ -28,14 +31,16 @@ mod service;
 
 pub mod builder;
 
-pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, Unset};
+pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, TieredStores, Unset};
 pub use self::future::ResponseFuture;
 pub use self::rejection::{
     CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ModeConfig,
     RateLimited, RejectResponse, RejectionMode,
 };
 pub use self::service::SlidingWindow;
-pub use self::shared::{LayerStats, MissingKey, OnLimit, SlidingWindowLayer, MAX_POLICIES};
+pub use self::shared::{
+    LayerStats, MissingKey, OnLimit, SlidingWindowLayer, TierStores, MAX_POLICIES,
+};
 
 /// A layer whose policies live in Redis, shared by a fleet (feature `redis`).
 #[cfg(feature = "redis")]

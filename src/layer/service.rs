@@ -6,6 +6,11 @@
 //! answer at once moves the rest into the response future (`decide_later`);
 //! everything after the answers is the same code.
 //!
+//! A layer of tiers first finds the request's tier and key in the table its
+//! service last saw (current after one atomic load): a limited tier's
+//! policies decide it as above; unlimited, denied and unknown tiers are
+//! answered at once.
+//!
 //! The waiting modes branch off after the cost into [`super::waiting`]: the
 //! request joins its key's queue (which decides over the same stores, the same
 //! way) and is forwarded, rejected through [`act`], or waits in the response
@@ -15,6 +20,7 @@ use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers};
 use super::future::{take_readied, ResponseFuture};
 use super::rejection::{Rejection, RejectionMode};
 use super::shared::{MissingKey, Shared, SlidingWindowLayer};
+use super::tiers::{DeniedTier, Policies, Tier, TierCache, TierState, TierTable};
 use super::waiting::{self, BoxedReady};
 use crate::extract::{KeyExtractor, KeyOf, Keyed};
 use crate::limiter::Limiter;
@@ -57,6 +63,8 @@ pub struct SlidingWindow<S, X: Keyed, St = Limiter<KeyOf<X>>, M = HttpRejection>
     layer: SlidingWindowLayer<X, St, M>,
     /// Backpressure: the unit `poll_ready` reserved for `call`.
     ready: Option<BoxedReady<X, St, M>>,
+    /// A layer of tiers: the table in force, as this service last saw it.
+    tiers: Option<TierCache<St>>,
 }
 
 impl<S, X: Keyed, St, M> SlidingWindow<S, X, St, M> {
@@ -64,6 +72,7 @@ impl<S, X: Keyed, St, M> SlidingWindow<S, X, St, M> {
     pub fn new(inner: S, layer: SlidingWindowLayer<X, St, M>) -> Self {
         SlidingWindow {
             inner,
+            tiers: layer.shared.tiers.as_ref().map(TierState::cache),
             layer,
             ready: None,
         }
@@ -97,6 +106,7 @@ impl<S: Clone, X: Keyed, St, M> Clone for SlidingWindow<S, X, St, M> {
             layer: self.layer.clone(),
             // A clone starts without a reservation.
             ready: None,
+            tiers: self.tiers.clone(),
         }
     }
 }
@@ -157,6 +167,62 @@ where
     }
 }
 
+/// Decide `req` by `policies` now, or in the response future for a store
+/// that answers later; then forward or reject it, returning from the
+/// function it is expanded in. A macro rather than a function: a request
+/// passed by value, even to an inlined function, was copied once more on
+/// every call (about 35 instructions per request, callgrind `profile
+/// layer-ours`). Expanded where the type parameters are named `S`, `Req`,
+/// `X`, `St` and `M`.
+macro_rules! decide_now {
+    ($layer:expr, $policies:expr, $inner:expr, $req:ident, $key:ident, $cost:ident) => {{
+        let layer: &Arc<Shared<X, St, M>> = $layer;
+        let policies: &Arc<Policies<St>> = $policies;
+        let shared = &**layer;
+        // One policy admitting the request, the common case: forward it without
+        // the all-or-nothing bookkeeping below (which would decide the same),
+        // and before the answers of every policy are even set up.
+        let mut first = None;
+        if let [limit] = &policies.limits[..] {
+            match limit.store.check_now(&$key, $cost) {
+                Some(Ok(d)) if d.is_allowed() => {
+                    // Written out rather than through `ResponseFuture::forward`:
+                    // the request is moved once fewer when `call` is inlined.
+                    return match shared.mode.allowed_headers(|| policies.report(0, d)) {
+                        None => ResponseFuture::forwarded($inner.call($req)),
+                        Some(headers) => ResponseFuture::with_headers($inner.call($req), headers),
+                    };
+                }
+                // A remote store: ask it through its future.
+                None => {
+                    return decide_later(
+                        layer,
+                        policies,
+                        $inner,
+                        $req,
+                        $key,
+                        $cost,
+                        Default::default(),
+                    )
+                }
+                answer => first = answer,
+            }
+        }
+        let mut answers: Answers = Default::default();
+        answers[0] = first;
+        // A store that answers later (a remote one) is only asked when no
+        // immediate answer has already denied the request.
+        if ask_now(policies, &$key, $cost, &mut answers) {
+            return decide_later(layer, policies, $inner, $req, $key, $cost, answers);
+        }
+        let verdict = decide(policies, &$key, &answers);
+        return match act::<Req, S, X, St, M>(shared, policies, &$req, &$key, verdict, &answers) {
+            Action::Forward(headers) => ResponseFuture::forward($inner, $req, headers),
+            Action::Reject(output) => ResponseFuture::rejected(output),
+        };
+    }};
+}
+
 impl<S, Req, X, St, M> Service<Req> for SlidingWindow<S, X, St, M>
 where
     S: Service<Req> + Clone + Send + 'static,
@@ -190,33 +256,26 @@ where
             waiting::give_back_reservation(&mut self.ready);
             return ResponseFuture::forwarded(self.inner.call(req));
         }
+        if let Some(tiers) = &mut self.tiers {
+            // A layer of tiers: the request's tier, in the table in force
+            // (as this service last saw it), picks its policies.
+            let (policies, key) = match tier_of(&shared.extractor, tiers.load(), &req) {
+                Ok(found) => found,
+                Err(why) => return not_limited(shared, &mut self.inner, req, why),
+            };
+            let cost = shared.extractor.cost(&req);
+            let inner = &mut self.inner;
+            decide_now!(&self.layer.shared, policies, inner, req, key, cost)
+        }
         let key = match shared.extractor.extract(&req) {
             Some(key) => key,
             None => {
                 shared.metrics.missing_key();
                 match &shared.missing_key {
                     MissingKey::Fallback(key) => key.clone(),
-                    MissingKey::Allow => {
-                        // Uncounted: the unit poll_ready reserved is not this request's.
-                        waiting::give_back_reservation(&mut self.ready);
-                        return ResponseFuture::forwarded(self.inner.call(req));
-                    }
-                    MissingKey::Reject => {
-                        waiting::give_back_reservation(&mut self.ready);
-                        bump(&shared.counters.key_missing);
-                        if shared.dry_run {
-                            if let Some(held) = shared.logs.no_key_dry_run.admit() {
-                                tracing::info!(
-                                    held_back = held,
-                                    "rate limit (dry run): request has no key, would reject"
-                                );
-                            }
-                            return ResponseFuture::forwarded(self.inner.call(req));
-                        }
-                        tracing::debug!("rate limit: request has no key, rejected");
-                        let rejection = Rejection::KeyMissing(shared.missing_key_status);
-                        return ResponseFuture::rejected(shared.mode.reject(&req, rejection));
-                    }
+                    // The request moves only here: moved in and back out, it
+                    // was copied on every call.
+                    _ => return without_key(shared, &mut self.inner, &mut self.ready, req),
                 }
             }
         };
@@ -225,116 +284,234 @@ where
             let shared = Arc::clone(&self.layer.shared);
             return waiting::call(&shared, &mut self.inner, &mut self.ready, req, key, cost);
         }
+        let inner = &mut self.inner;
+        decide_now!(&self.layer.shared, &shared.policies, inner, req, key, cost)
+    }
+}
 
-        // One policy admitting the request, the common case: forward it without
-        // the all-or-nothing bookkeeping below (which would decide the same),
-        // and before the answers of every policy are even set up.
-        let mut first = None;
-        if let [limit] = &shared.limits[..] {
-            match limit.store.check_now(&key, cost) {
-                Some(Ok(d)) if d.is_allowed() => {
-                    // Written out rather than through `ResponseFuture::forward`:
-                    // the request is moved once fewer when `call` is inlined.
-                    return match shared.mode.allowed_headers(|| shared.report(0, d)) {
-                        None => ResponseFuture::forwarded(self.inner.call(req)),
-                        Some(headers) => {
-                            ResponseFuture::with_headers(self.inner.call(req), headers)
-                        }
-                    };
+/// The answer to a request without a key, under `MissingKey::Allow` or
+/// `Reject` (a fallback key is decided as any key).
+fn without_key<S, Req, X, St, M>(
+    shared: &Shared<X, St, M>,
+    inner: &mut S,
+    ready: &mut Option<BoxedReady<X, St, M>>,
+    req: Req,
+) -> ResponseFuture<S::Future, M>
+where
+    S: Service<Req>,
+    X: Keyed,
+    M: RejectionMode<Req, S>,
+{
+    match &shared.missing_key {
+        MissingKey::Allow | MissingKey::Fallback(_) => {
+            // Uncounted: the unit poll_ready reserved is not this request's.
+            waiting::give_back_reservation(ready);
+            ResponseFuture::forwarded(inner.call(req))
+        }
+        MissingKey::Reject => {
+            waiting::give_back_reservation(ready);
+            bump(&shared.counters.key_missing);
+            if shared.dry_run {
+                if let Some(held) = shared.logs.no_key_dry_run.admit() {
+                    tracing::info!(
+                        held_back = held,
+                        "rate limit (dry run): request has no key, would reject"
+                    );
                 }
-                // A remote store: ask it through its future.
-                None => return self.decide_later(req, key, cost, Default::default()),
-                answer => first = answer,
+                return ResponseFuture::forwarded(inner.call(req));
             }
-        }
-        let mut answers: Answers = Default::default();
-        answers[0] = first;
-        // A store that answers later (a remote one) is only asked when no
-        // immediate answer has already denied the request.
-        if ask_now(shared, &key, cost, &mut answers) {
-            return self.decide_later(req, key, cost, answers);
-        }
-        let verdict = decide(shared, &key, &answers);
-        match act::<Req, S, X, St, M>(shared, &req, &key, verdict, &answers) {
-            Action::Forward(headers) => ResponseFuture::forward(&mut self.inner, req, headers),
-            Action::Reject(output) => ResponseFuture::rejected(output),
+            tracing::debug!("rate limit: request has no key, rejected");
+            let rejection = Rejection::KeyMissing(shared.missing_key_status);
+            ResponseFuture::rejected(shared.mode.reject(&req, rejection))
         }
     }
 }
 
-impl<S, X: Keyed, St, M> SlidingWindow<S, X, St, M> {
-    /// The remote path: await the stores, then forward or reject. The inner
-    /// service readied by `poll_ready` moves into the future (a fresh clone
-    /// stays behind), so it is called exactly as tower's contract asks.
-    fn decide_later<Req>(
-        &mut self,
-        req: Req,
-        key: KeyOf<X>,
-        cost: u32,
-        answers: Answers,
-    ) -> ResponseFuture<S::Future, M>
-    where
-        S: Service<Req> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        Req: Send + 'static,
-        X: KeyExtractor<Req>,
-        St: Store<KeyOf<X>>,
-        M: RejectionMode<Req, S>,
-    {
-        let mut ready = take_readied(&mut self.inner);
-        // Armed from here, not from the first poll: a response future dropped
-        // before it is ever polled must also give back what `check_now` admitted.
-        let mut guard = UndoOnDrop {
-            shared: Arc::clone(&self.layer.shared),
-            key,
-            answers,
-            armed: true,
-        };
-        ResponseFuture::deciding(Box::pin(async move {
-            let g = &mut guard;
-            let mut pending: Vec<(usize, Pin<Box<St::Future>>)> = g
-                .shared
-                .limits
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| g.answers[*i].is_none())
-                .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&g.key, cost))))
-                .collect();
-            // Ask every remote store at once, not one round trip after another.
-            // If the caller drops this future before every store has answered,
-            // the request never ran: the guard gives back what was admitted.
-            poll_fn(|cx| {
-                pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
-                    Poll::Ready(answer) => {
-                        g.answers[*i] = Some(answer);
-                        false
-                    }
-                    Poll::Pending => true,
-                });
-                if pending.is_empty() {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
-            .await;
-            // From here on, `decide` owns the all-or-nothing bookkeeping.
-            g.armed = false;
-            let verdict = decide(&g.shared, &g.key, &g.answers);
-            let headers =
-                match act::<Req, S, X, St, M>(&g.shared, &req, &g.key, verdict, &g.answers) {
-                    Action::Forward(headers) => headers,
-                    Action::Reject(output) => return output,
-                };
-            M::finish(ready.call(req).await, headers)
-        }))
+/// A request of a layer of tiers that is not decided by policies.
+enum NotLimited<'t, K> {
+    NoKey,
+    Unlimited,
+    Denied(&'t DeniedTier),
+    UnknownTier(K),
+}
+
+/// The policies of a request's tier, and its key.
+type InTier<'t, St, K> = (&'t Arc<Policies<St>>, K);
+
+/// The request's tier (in the service's table) and key: the policies it is
+/// decided by, or why it is not.
+#[inline]
+fn tier_of<'t, Req, X: KeyExtractor<Req>, St>(
+    extractor: &X,
+    table: &'t TierTable<St>,
+    req: &Req,
+) -> Result<InTier<'t, St, KeyOf<X>>, NotLimited<'t, KeyOf<X>>> {
+    let Some((tier, key)) = extractor.extract_tiered(req, &table.names) else {
+        return Err(NotLimited::NoKey);
+    };
+    match table.get(tier.index()) {
+        Some(Tier::Limited(policies)) => Ok((policies, key)),
+        Some(Tier::Unlimited) => Err(NotLimited::Unlimited),
+        Some(Tier::Denied(denied)) => Err(NotLimited::Denied(denied)),
+        None => Err(NotLimited::UnknownTier(key)),
     }
+}
+
+/// The answer to a request of a layer of tiers that no policy decides.
+fn not_limited<S, Req, X, St, M>(
+    shared: &Shared<X, St, M>,
+    inner: &mut S,
+    req: Req,
+    why: NotLimited<'_, KeyOf<X>>,
+) -> ResponseFuture<S::Future, M>
+where
+    S: Service<Req>,
+    S::Future: Send + 'static,
+    X: Keyed,
+    M: RejectionMode<Req, S>,
+{
+    match why {
+        // A layer of tiers has no fallback key (`build` refuses one).
+        NotLimited::NoKey => {
+            shared.metrics.missing_key();
+            without_key(shared, inner, &mut None, req)
+        }
+        NotLimited::Unlimited => {
+            shared.metrics.exempt();
+            ResponseFuture::forwarded(inner.call(req))
+        }
+        NotLimited::Denied(denied) => {
+            shared.metrics.tier_denied();
+            let report = denied.report();
+            if shared.dry_run {
+                bump(&shared.counters.dry_run_rejections);
+                shared.metrics.dry_run_denied();
+                return ResponseFuture::forward(inner, req, shared.mode.allowed_headers(|| report));
+            }
+            tracing::debug!(tier = %denied.name, "rate limit: rejected, tier denied");
+            let rejection = Rejection::Limited(report, &denied.name);
+            ResponseFuture::rejected(shared.mode.reject(&req, rejection))
+        }
+        NotLimited::UnknownTier(key) => unknown_tier(shared, inner, req, &key),
+    }
+}
+
+/// A request whose tier the table lacks, without a fallback tier: a server
+/// misconfiguration (the extractor and the table disagree), so 500 like a
+/// missing peer address, never a silent pass.
+fn unknown_tier<S, Req, X, St, M>(
+    shared: &Shared<X, St, M>,
+    inner: &mut S,
+    req: Req,
+    key: &KeyOf<X>,
+) -> ResponseFuture<S::Future, M>
+where
+    S: Service<Req>,
+    X: Keyed,
+    M: RejectionMode<Req, S>,
+{
+    bump(&shared.counters.unknown_tier);
+    shared.metrics.unknown_tier();
+    if let Some(held) = shared.logs.unknown_tier.admit() {
+        match shared.loggable_key(key) {
+            Some(key) => {
+                tracing::warn!(%key, dry_run = shared.dry_run, held_back = held, "rate limit: request of a tier the table does not have")
+            }
+            None => tracing::warn!(
+                dry_run = shared.dry_run,
+                held_back = held,
+                "rate limit: request of a tier the table does not have"
+            ),
+        }
+    }
+    if shared.dry_run {
+        return ResponseFuture::forwarded(inner.call(req));
+    }
+    let rejection = Rejection::KeyMissing(http::StatusCode::INTERNAL_SERVER_ERROR);
+    ResponseFuture::rejected(shared.mode.reject(&req, rejection))
+}
+
+/// The remote path: await the stores, then forward or reject. The inner
+/// service readied by `poll_ready` moves into the future (a fresh clone
+/// stays behind), so it is called exactly as tower's contract asks.
+fn decide_later<S, Req, X, St, M>(
+    layer: &Arc<Shared<X, St, M>>,
+    policies: &Arc<Policies<St>>,
+    inner: &mut S,
+    req: Req,
+    key: KeyOf<X>,
+    cost: u32,
+    answers: Answers,
+) -> ResponseFuture<S::Future, M>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    Req: Send + 'static,
+    X: KeyExtractor<Req>,
+    St: Store<KeyOf<X>>,
+    M: RejectionMode<Req, S>,
+{
+    let mut ready = take_readied(inner);
+    // Armed from here, not from the first poll: a response future dropped
+    // before it is ever polled must also give back what `check_now` admitted.
+    let mut guard = UndoOnDrop {
+        shared: Arc::clone(layer),
+        policies: Arc::clone(policies),
+        key,
+        answers,
+        armed: true,
+    };
+    ResponseFuture::deciding(Box::pin(async move {
+        let g = &mut guard;
+        let mut pending: Vec<(usize, Pin<Box<St::Future>>)> = g
+            .policies
+            .limits
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| g.answers[*i].is_none())
+            .map(|(i, limit)| (i, Box::pin(limit.store.check_n(&g.key, cost))))
+            .collect();
+        // Ask every remote store at once, not one round trip after another.
+        // If the caller drops this future before every store has answered,
+        // the request never ran: the guard gives back what was admitted.
+        poll_fn(|cx| {
+            pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
+                Poll::Ready(answer) => {
+                    g.answers[*i] = Some(answer);
+                    false
+                }
+                Poll::Pending => true,
+            });
+            if pending.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        // From here on, `decide` owns the all-or-nothing bookkeeping.
+        g.armed = false;
+        let verdict = decide(&g.policies, &g.key, &g.answers);
+        let headers = match act::<Req, S, X, St, M>(
+            &g.shared,
+            &g.policies,
+            &req,
+            &g.key,
+            verdict,
+            &g.answers,
+        ) {
+            Action::Forward(headers) => headers,
+            Action::Reject(output) => return output,
+        };
+        M::finish(ready.call(req).await, headers)
+    }))
 }
 
 /// Undoes the admitted answers when dropped while armed: until every store has
 /// answered (from then on, `decide` owns the all-or-nothing bookkeeping).
 struct UndoOnDrop<X: Keyed, St: Store<KeyOf<X>>, M> {
     shared: Arc<Shared<X, St, M>>,
+    policies: Arc<Policies<St>>,
     key: KeyOf<X>,
     answers: Answers,
     armed: bool,
@@ -343,7 +520,7 @@ struct UndoOnDrop<X: Keyed, St: Store<KeyOf<X>>, M> {
 impl<X: Keyed, St: Store<KeyOf<X>>, M> Drop for UndoOnDrop<X, St, M> {
     fn drop(&mut self) {
         if self.armed {
-            give_back(&self.shared, &self.key, self.answers.iter().map(admitted));
+            give_back(&self.policies, &self.key, self.answers.iter().map(admitted));
         }
     }
 }

@@ -1,15 +1,16 @@
 //! The layer and the state every clone and service shares: built once, in
 //! [`build`](crate::SlidingWindowLayerBuilder), behind one `Arc`.
 
-use super::response::{PolicyName, Report};
+pub(crate) use super::tiers::{Policies, TierState};
 use super::waiting::{AsLocal, LayerQueues};
-use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::extract::{KeyOf, Keyed};
 use crate::limiter::Limiter;
 use crate::log::LayerLogs;
 use crate::metrics::LayerMetrics;
+use crate::store::Store;
+use crate::tier::{TierLimits, Tiers};
 use crate::wait::{WaitConfig, WaitStats};
-use http::HeaderValue;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -145,6 +146,10 @@ pub struct LayerStats {
     /// [`StoreError`](crate::StoreError) value) because a store could not decide
     /// (in a dry run: forwarded).
     pub store_errors: u64,
+    /// Requests of a layer of tiers whose tier is not in the table (without a
+    /// [fallback tier](crate::SlidingWindowLayerBuilder::unknown_tier_fallback):
+    /// rejected, 500; in a dry run: forwarded).
+    pub unknown_tier: u64,
 }
 
 #[derive(Default)]
@@ -152,23 +157,20 @@ pub(crate) struct LayerCounters {
     pub(crate) dry_run_rejections: AtomicU64,
     pub(crate) key_missing: AtomicU64,
     pub(crate) store_errors: AtomicU64,
+    pub(crate) unknown_tier: AtomicU64,
 }
 
 pub(crate) type KeyFormatter<K> =
     Arc<dyn Fn(&K, &mut fmt::Formatter<'_>) -> fmt::Result + Send + Sync>;
 
-/// One policy as the layer sees it: its store and its precomputed names.
-pub(crate) struct Limit<St> {
-    pub(crate) store: St,
-    pub(crate) name: PolicyName,
-    pub(crate) quoted_name: Box<str>,
-}
-
 /// Everything the services share: built once in `build()`.
 pub(crate) struct Shared<X: Keyed, St, M> {
     pub(crate) extractor: X,
-    pub(crate) limits: Box<[Limit<St>]>,
-    pub(crate) policy_header: HeaderValue,
+    /// The layer's policies; none in a layer of tiers, whose policies are
+    /// its tiers'.
+    pub(crate) policies: Arc<Policies<St>>,
+    /// The tiers of a layer of tiers.
+    pub(crate) tiers: Option<TierState<St>>,
     pub(crate) mode: M,
     pub(crate) missing_key: MissingKey<KeyOf<X>>,
     /// The status a request without a key is rejected with: the layer's, or
@@ -193,15 +195,6 @@ pub(crate) struct Shared<X: Keyed, St, M> {
 }
 
 impl<X: Keyed, St, M> Shared<X, St, M> {
-    /// What a response reports for policy `i`'s `decision`.
-    pub(crate) fn report(&self, i: usize, decision: Decision) -> Report<'_> {
-        Report {
-            decision,
-            quoted_name: &self.limits[i].quoted_name,
-            policy_header: &self.policy_header,
-        }
-    }
-
     /// `key` for log events: only when the user opted in.
     pub(crate) fn loggable_key<'a>(&'a self, key: &'a KeyOf<X>) -> Option<LoggedKey<'a, KeyOf<X>>> {
         self.key_formatter
@@ -279,12 +272,114 @@ impl<X: Keyed, St, M> Clone for SlidingWindowLayer<X, St, M> {
 
 impl<X: Keyed, St, M> fmt::Debug for SlidingWindowLayer<X, St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.shared.limits.iter().map(|l| &*l.name).collect();
+        let names: Vec<&str> = self
+            .shared
+            .policies
+            .limits
+            .iter()
+            .map(|l| &*l.name)
+            .collect();
+        let tiers: Option<Vec<String>> = self
+            .shared
+            .tiers
+            .as_ref()
+            .map(|t| t.config().iter().map(|(name, _)| name.to_owned()).collect());
         f.debug_struct("SlidingWindowLayer")
             .field("policies", &names)
+            .field("tiers", &tiers)
             .field("hold", &self.shared.hold)
             .field("dry_run", &self.shared.dry_run)
             .finish_non_exhaustive()
+    }
+}
+
+impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayer<X, St, M> {
+    /// Replace the table of tiers while requests flow; each request is decided
+    /// by the table in force when it arrived. A policy whose tier had a
+    /// policy of the same name before keeps that store's counts: its store is
+    /// [reconfigured](Store::reconfigured), so raising a limit gives room at
+    /// once and lowering it denies until the units already admitted have left
+    /// the window (a change of window or buckets carries the counts over
+    /// conservatively; the [tiers chapter](crate::guide::tiers) states the
+    /// guarantee). A tier left as it was keeps its stores untouched; a new
+    /// tier or policy starts empty. Policies are matched by name, so give a
+    /// policy a [name](crate::Policy::with_name) of its own to keep its counts when
+    /// the tier's other policies change.
+    ///
+    /// Errors, with nothing changed: a layer of policies
+    /// ([`ConfigError::NotWithTiers`]), a store that cannot change its policy
+    /// ([`ConfigError::PolicyFixed`]), a fallback tier missing from `tiers`,
+    /// or a store that could not be made.
+    pub fn set_tiers(&self, tiers: &Tiers) -> Result<(), ConfigError> {
+        match &self.shared.tiers {
+            Some(state) => state.replace(tiers),
+            None => Err(ConfigError::NotWithTiers {
+                setting: "set_tiers on a layer of policies",
+            }),
+        }
+    }
+
+    /// Replace (or add) one tier, keeping the others: see
+    /// [`set_tiers`](Self::set_tiers).
+    ///
+    /// ```
+    /// use http::{Request, StatusCode};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_sliding_window::{tiered_key_fn, SlidingWindowLayer, TierLimits, Tiers};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tiers = Tiers::builder().limited("free", ["1/min".parse()?]).build()?;
+    /// let layer = SlidingWindowLayer::builder(tiered_key_fn(|_: &Request<()>| Some(("free", "ada"))))
+    ///     .tiers(tiers)
+    ///     .build()?;
+    /// let svc = layer.layer(service_fn(|_req: Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// }));
+    /// let mut statuses = Vec::new();
+    /// for _ in 0..2 {
+    ///     statuses.push(svc.clone().oneshot(Request::new(())).await?.status());
+    /// }
+    /// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    ///
+    /// // Raised while the first request still counts: room for one more.
+    /// layer.set_tier("free", TierLimits::Limited(vec!["2/min".parse()?]))?;
+    /// statuses.clear();
+    /// for _ in 0..2 {
+    ///     statuses.push(svc.clone().oneshot(Request::new(())).await?.status());
+    /// }
+    /// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    /// # Ok(()) }
+    /// ```
+    pub fn set_tier(&self, tier: &str, limits: TierLimits) -> Result<(), ConfigError> {
+        match &self.shared.tiers {
+            Some(state) => state.replace_one(tier, limits),
+            None => Err(ConfigError::NotWithTiers {
+                setting: "set_tier on a layer of policies",
+            }),
+        }
+    }
+}
+
+/// The stores of one tier of a layer, from
+/// [`SlidingWindowLayer::tier_stores`].
+pub struct TierStores<St> {
+    policies: Arc<Policies<St>>,
+}
+
+impl<St> TierStores<St> {
+    /// The stores, one per policy of the tier, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &St> + '_ {
+        self.policies.limits.iter().map(|l| &l.store)
+    }
+}
+
+impl<St> fmt::Debug for TierStores<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.policies.limits.iter().map(|l| &*l.name).collect();
+        f.debug_struct("TierStores")
+            .field("policies", &names)
+            .finish()
     }
 }
 
@@ -293,8 +388,9 @@ impl<X: Keyed, St, M> SlidingWindowLayer<X, St, M> {
     /// their counters (for the in-memory [`Limiter`], [`Limiter::stats`] and
     /// [`Limiter::usage`]). With several policies, a store's `admitted` also
     /// counts requests another policy denied (their units were given back).
+    /// None for a layer of tiers: see [`tier_stores`](Self::tier_stores).
     pub fn stores(&self) -> impl ExactSizeIterator<Item = &St> + '_ {
-        self.shared.limits.iter().map(|l| &l.store)
+        self.shared.policies.limits.iter().map(|l| &l.store)
     }
 
     /// The layer's own counters (dry-run rejections, missing keys, store errors).
@@ -304,7 +400,22 @@ impl<X: Keyed, St, M> SlidingWindowLayer<X, St, M> {
             dry_run_rejections: c.dry_run_rejections.load(Relaxed),
             key_missing: c.key_missing.load(Relaxed),
             store_errors: c.store_errors.load(Relaxed),
+            unknown_tier: c.unknown_tier.load(Relaxed),
         }
+    }
+
+    /// The table of tiers in force (`None` for a layer of policies).
+    pub fn tiers(&self) -> Option<Tiers> {
+        self.shared.tiers.as_ref().map(TierState::config)
+    }
+
+    /// The stores of limited tier `tier` now, one per policy, to read their
+    /// counters; `None` for a tier that is not limited or not in the table,
+    /// or a layer of policies. A later change of the tier leaves these as
+    /// they are (they stay usable) and puts new stores in the layer.
+    pub fn tier_stores(&self, tier: &str) -> Option<TierStores<St>> {
+        let policies = self.shared.tiers.as_ref()?.policies(tier)?;
+        Some(TierStores { policies })
     }
 
     /// Totals of the waiting modes: admissions at once and after a wait,

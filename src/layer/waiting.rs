@@ -86,7 +86,7 @@ where
     fn try_admit(&self, key: &KeyOf<X>, cost: u32) -> Result<Admitted, Denied> {
         let mut answers: Answers = Default::default();
         ask_now_local(self, key, cost, &mut answers);
-        let verdict = decide(self, key, &answers);
+        let verdict = decide(&self.policies, key, &answers);
         let mut admitted: Admitted = [None; MAX_POLICIES];
         for (a, answer) in admitted.iter_mut().zip(&answers) {
             *a = match answer {
@@ -111,14 +111,14 @@ where
     }
 
     fn give_back(&self, key: &KeyOf<X>, admitted: &Admitted) {
-        give_back(self, key, admitted.iter().map(Option::as_ref));
+        give_back(&self.policies, key, admitted.iter().map(Option::as_ref));
     }
 
     fn fingerprint(&self, admitted: &Admitted) -> u64 {
         fingerprint(
             admitted
                 .iter()
-                .take(self.limits.len())
+                .take(self.policies.limits.len())
                 .map(|d| d.map_or(0, |d| d.slot)),
         )
     }
@@ -129,7 +129,7 @@ where
         };
         admitted
             .iter()
-            .zip(self.limits.iter())
+            .zip(self.policies.limits.iter())
             .all(|(d, limit)| d.is_none_or(|d| local(&limit.store).is_current(&d)))
     }
 
@@ -137,7 +137,8 @@ where
         let Some(local) = self.local else {
             return Vec::new();
         };
-        self.limits
+        self.policies
+            .limits
             .iter()
             .map(|limit| local(&limit.store).window_snapshot(key))
             .collect()
@@ -150,6 +151,7 @@ where
 fn unanswered<X: Keyed, St: Store<KeyOf<X>>, M>(shared: &Shared<X, St, M>) -> Decision {
     debug_assert!(false, "a waiting layer's store did not answer at once");
     let limit = shared
+        .policies
         .limits
         .first()
         .map_or(0, |l| l.store.policy().limit());
@@ -367,6 +369,6 @@ where
         Ok(admitted) => Ok(admitted),
         Err(rejection) => Err((rejection.policy, rejection.decision)),
     };
-    let verdict = queued_verdict(shared, key, outcome, &mut answers);
-    act::<Req, S, X, St, M>(shared, req, key, verdict, &answers)
+    let verdict = queued_verdict(&shared.policies, key, outcome, &mut answers);
+    act::<Req, S, X, St, M>(shared, &shared.policies, req, key, verdict, &answers)
 }

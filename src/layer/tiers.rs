@@ -1,0 +1,314 @@
+//! The policies a request is decided by: one set for a layer of policies, or
+//! one per tier for a layer of tiers, whose table can be replaced while
+//! requests flow.
+//!
+//! A layer of tiers holds its table behind an `ArcSwap`, and each service a
+//! cache of it: a request checks that its service's table is current (one
+//! atomic load; a new table is loaded once per service after a change), finds
+//! its tier by name, and is decided by that tier's policies. A change
+//! ([`TierState::replace`]) builds a new table (each changed policy's store
+//! [reconfigured](crate::Store::reconfigured) from the old one, so counts
+//! carry over) and swaps it in; requests that loaded the old table finish
+//! under it.
+
+use super::response::{self, PolicyName, Report};
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::policy::Policy;
+use crate::store::Store;
+use crate::tier::{TierLimits, TierNames, Tiers, MAX_POLICIES};
+use arc_swap::cache::Cache;
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// One policy as the layer sees it: its store and its precomputed names.
+pub(crate) struct Limit<St> {
+    pub(crate) store: St,
+    pub(crate) name: PolicyName,
+    pub(crate) quoted_name: Box<str>,
+}
+
+/// The policies a request is decided by, all-or-nothing: the layer's, or
+/// its tier's.
+pub(crate) struct Policies<St> {
+    pub(crate) limits: Box<[Limit<St>]>,
+    /// `RateLimit-Policy`: every policy of the set.
+    pub(crate) policy_header: HeaderValue,
+}
+
+impl<St> Policies<St> {
+    /// None: the layer-wide set of a layer of tiers.
+    pub(crate) fn none() -> Policies<St> {
+        Policies {
+            limits: Box::new([]),
+            policy_header: HeaderValue::from_static(""),
+        }
+    }
+
+    /// What a response reports for policy `i`'s `decision`.
+    pub(crate) fn report(&self, i: usize, decision: Decision) -> Report<'_> {
+        Report {
+            decision,
+            quoted_name: &self.limits[i].quoted_name,
+            policy_header: &self.policy_header,
+        }
+    }
+
+    /// The stores, validated: at least one, at most [`MAX_POLICIES`], names
+    /// printable and distinct.
+    pub(crate) fn new<K>(stores: Vec<St>) -> Result<Policies<St>, ConfigError>
+    where
+        St: Store<K>,
+    {
+        if stores.is_empty() {
+            return Err(ConfigError::NoPolicy);
+        }
+        if stores.len() > MAX_POLICIES {
+            return Err(ConfigError::TooManyPolicies {
+                count: stores.len(),
+                max: MAX_POLICIES,
+            });
+        }
+        let mut limits: Vec<Limit<St>> = Vec::with_capacity(stores.len());
+        for store in stores {
+            let name = store.policy().name();
+            if !response::is_valid_policy_name(name) {
+                return Err(ConfigError::InvalidPolicyName {
+                    name: name.to_owned(),
+                });
+            }
+            if limits.iter().any(|l| &*l.name == name) {
+                return Err(ConfigError::DuplicatePolicyName {
+                    name: name.to_owned(),
+                });
+            }
+            limits.push(Limit {
+                name: PolicyName::from(name),
+                quoted_name: response::quoted(name).into_boxed_str(),
+                store,
+            });
+        }
+        let policy_header = response::policy_header(limits.iter().map(|l| l.store.policy()));
+        Ok(Policies {
+            limits: limits.into_boxed_slice(),
+            policy_header,
+        })
+    }
+}
+
+/// A tier as requests meet it.
+pub(crate) enum Tier<St> {
+    Limited(Arc<Policies<St>>),
+    Unlimited,
+    /// Rejected as over a limit of zero.
+    Denied(DeniedTier),
+}
+
+/// What a denied tier's rejections report.
+pub(crate) struct DeniedTier {
+    pub(crate) name: PolicyName,
+    pub(crate) quoted_name: Box<str>,
+    /// `"<tier>";q=0`.
+    pub(crate) policy_header: HeaderValue,
+}
+
+impl DeniedTier {
+    fn new(tier: &str) -> DeniedTier {
+        let quoted_name = response::quoted(tier).into_boxed_str();
+        // Tier names are printable ASCII (checked by `Tiers`), so this holds.
+        let policy_header = HeaderValue::try_from(format!("{quoted_name};q=0"))
+            .unwrap_or_else(|_| HeaderValue::from_static(""));
+        DeniedTier {
+            name: PolicyName::from(tier),
+            quoted_name,
+            policy_header,
+        }
+    }
+
+    /// A denial no wait helps: limit 0, no `Retry-After`.
+    pub(crate) fn report(&self) -> Report<'_> {
+        Report {
+            decision: Decision::cost_exceeds_limit(0, 0, std::time::Duration::ZERO),
+            quoted_name: &self.quoted_name,
+            policy_header: &self.policy_header,
+        }
+    }
+}
+
+/// One version of a layer's tiers.
+pub(crate) struct TierTable<St> {
+    pub(crate) names: TierNames,
+    tiers: Box<[Tier<St>]>,
+    /// Where requests of an unknown tier go, if anywhere.
+    fallback: Option<usize>,
+    /// The table as configured, for `tiers()` and changes of one tier.
+    config: Tiers,
+}
+
+impl<St> TierTable<St> {
+    /// Tier `index` (from [`TierNames::find`]), or the fallback tier for an
+    /// unknown one (`None` without a fallback).
+    #[inline]
+    pub(crate) fn get(&self, index: Option<usize>) -> Option<&Tier<St>> {
+        self.tiers.get(index.or(self.fallback)?)
+    }
+
+    /// The limited tier called `name`.
+    fn policies(&self, name: &str) -> Option<&Arc<Policies<St>>> {
+        match self.tiers.get(self.names.find(name).index()?) {
+            Some(Tier::Limited(policies)) => Some(policies),
+            _ => None,
+        }
+    }
+}
+
+/// A service's view of the table in force: current after one atomic load.
+pub(crate) type TierCache<St> = Cache<Arc<ArcSwap<TierTable<St>>>, Arc<TierTable<St>>>;
+
+impl<St> TierState<St> {
+    pub(crate) fn cache(&self) -> TierCache<St> {
+        Cache::new(Arc::clone(&self.table))
+    }
+}
+
+/// Builds the store of a tier's policy that had none before.
+pub(crate) type StoreFactory<St> =
+    Box<dyn Fn(&str, &Policy) -> Result<St, ConfigError> + Send + Sync>;
+
+/// The tiers of a layer of tiers.
+pub(crate) struct TierState<St> {
+    pub(crate) table: Arc<ArcSwap<TierTable<St>>>,
+    factory: StoreFactory<St>,
+    fallback: Option<Box<str>>,
+    /// One change at a time: each builds on the table the last one left.
+    changing: Mutex<()>,
+}
+
+impl<St> TierState<St> {
+    /// The first table, every store made by `factory`.
+    pub(crate) fn new<K>(
+        tiers: &Tiers,
+        factory: StoreFactory<St>,
+        fallback: Option<Box<str>>,
+    ) -> Result<TierState<St>, ConfigError>
+    where
+        St: Store<K>,
+    {
+        let table = build_table(tiers, None, &factory, fallback.as_deref())?;
+        Ok(TierState {
+            table: Arc::new(ArcSwap::from_pointee(table)),
+            factory,
+            fallback,
+            changing: Mutex::new(()),
+        })
+    }
+
+    /// Replace the table by `tiers`: a policy of a tier that had one of that
+    /// name gets the old store [reconfigured](Store::reconfigured) (its counts
+    /// carry over), a tier unchanged keeps its stores as they are, others get
+    /// new stores. Nothing changes on an error.
+    pub(crate) fn replace<K>(&self, tiers: &Tiers) -> Result<(), ConfigError>
+    where
+        St: Store<K>,
+    {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let old = self.table.load_full();
+        let table = build_table(tiers, Some(&old), &self.factory, self.fallback.as_deref())?;
+        self.table.store(Arc::new(table));
+        Ok(())
+    }
+
+    /// Replace one tier (or add it), keeping the others.
+    pub(crate) fn replace_one<K>(&self, name: &str, limits: TierLimits) -> Result<(), ConfigError>
+    where
+        St: Store<K>,
+    {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let old = self.table.load_full();
+        let mut builder = Tiers::builder();
+        let mut found = false;
+        for (tier, current) in old.config.iter() {
+            if tier == name {
+                found = true;
+                builder = builder.tier(tier, limits.clone());
+            } else {
+                builder = builder.tier(tier, current.clone());
+            }
+        }
+        if !found {
+            builder = builder.tier(name, limits);
+        }
+        let tiers = builder.build()?;
+        let table = build_table(&tiers, Some(&old), &self.factory, self.fallback.as_deref())?;
+        self.table.store(Arc::new(table));
+        Ok(())
+    }
+
+    /// The table as configured now.
+    pub(crate) fn config(&self) -> Tiers {
+        self.table.load().config.clone()
+    }
+
+    /// The policies of limited tier `name` now.
+    pub(crate) fn policies(&self, name: &str) -> Option<Arc<Policies<St>>> {
+        self.table.load().policies(name).cloned()
+    }
+}
+
+/// A table for `tiers`, carrying over the stores of `old` where it can.
+fn build_table<K, St: Store<K>>(
+    tiers: &Tiers,
+    old: Option<&TierTable<St>>,
+    factory: &StoreFactory<St>,
+    fallback: Option<&str>,
+) -> Result<TierTable<St>, ConfigError> {
+    let mut built = Vec::with_capacity(tiers.len());
+    for (name, limits) in tiers.iter() {
+        let before = old.and_then(|old| Some((old.config.get(name)?, old.policies(name))));
+        let tier = match limits {
+            TierLimits::Unlimited => Tier::Unlimited,
+            TierLimits::Denied => Tier::Denied(DeniedTier::new(name)),
+            TierLimits::Limited(policies) => match before {
+                // Unchanged: the same stores, counts and all.
+                Some((was, Some(same))) if was == limits => Tier::Limited(Arc::clone(same)),
+                _ => {
+                    let previous = before.and_then(|(_, p)| p);
+                    let stores = policies
+                        .iter()
+                        .map(|policy| {
+                            let kept = previous
+                                .and_then(|p| p.limits.iter().find(|l| &*l.name == policy.name()));
+                            match kept {
+                                Some(limit) => limit.store.reconfigured(policy.clone()),
+                                None => factory(name, policy),
+                            }
+                        })
+                        .collect::<Result<Vec<St>, ConfigError>>()?;
+                    Tier::Limited(Arc::new(Policies::new(stores)?))
+                }
+            },
+        };
+        built.push(tier);
+    }
+    let names = TierNames::new(tiers.iter().map(|(name, _)| name));
+    let fallback = match fallback {
+        None => None,
+        Some(name) => {
+            Some(
+                names
+                    .find(name)
+                    .index()
+                    .ok_or_else(|| ConfigError::UnknownFallbackTier {
+                        name: name.to_owned(),
+                    })?,
+            )
+        }
+    };
+    Ok(TierTable {
+        names,
+        tiers: built.into_boxed_slice(),
+        fallback,
+        config: tiers.clone(),
+    })
+}

@@ -1,0 +1,367 @@
+//! A layer of tiers in an axum app served on 127.0.0.1, called by a hyper
+//! client over fresh connections: each tier's own limits and headers,
+//! unlimited and denied tiers, a tier the table lacks, and limits raised and
+//! lowered while a client runs (on paused time).
+
+mod layer_support;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use layer_support::serve;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tower_sliding_window::extract::TieredKeyFn;
+use tower_sliding_window::{
+    key_fn, tiered_key_fn, ConfigError, OnLimit, Policy, SlidingWindowLayer, TierLimits, Tiers,
+    WaitConfig,
+};
+
+/// Tier from `x-tier`, key from `x-user`; no user, no key.
+fn tier_and_user(req: &Request<Body>) -> Option<(String, String)> {
+    let header = |name| Some(req.headers().get(name)?.to_str().ok()?.to_owned());
+    Some((header("x-tier").unwrap_or_default(), header("x-user")?))
+}
+
+fn table() -> Tiers {
+    Tiers::builder()
+        .limited("free", ["2/min".parse().unwrap()])
+        .limited(
+            "paid",
+            [
+                "5/min".parse().unwrap(),
+                Policy::per(100, Duration::from_secs(3600))
+                    .unwrap()
+                    .with_name("hourly"),
+            ],
+        )
+        .unlimited("internal")
+        .denied("suspended")
+        .build()
+        .unwrap()
+}
+
+type ByTier = TieredKeyFn<fn(&Request<Body>) -> Option<(String, String)>, String>;
+
+fn by_tier() -> ByTier {
+    tiered_key_fn(tier_and_user as fn(&Request<Body>) -> Option<(String, String)>)
+}
+
+async fn app(layer: SlidingWindowLayer<ByTier>) -> SocketAddr {
+    serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await
+}
+
+/// One request on a new TCP connection.
+async fn send(addr: SocketAddr, tier: &str, user: &str) -> Response<Bytes> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::builder().uri("/").header("x-user", user);
+    if !tier.is_empty() {
+        req = req.header("x-tier", tier);
+    }
+    let response = sender
+        .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
+}
+
+async fn statuses(addr: SocketAddr, tier: &str, user: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(send(addr, tier, user).await.status().as_u16());
+    }
+    out
+}
+
+fn header<'a>(response: &'a Response<Bytes>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn each_tier_has_its_own_limits_and_counts() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap();
+    let addr = app(layer.clone()).await;
+
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    // The same key in another tier is counted apart.
+    assert_eq!(
+        statuses(addr, "paid", "ada", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    // Another key of the same tier too.
+    assert_eq!(statuses(addr, "free", "bob", 3).await, [200, 200, 429]);
+    assert_eq!(
+        layer
+            .tier_stores("free")
+            .unwrap()
+            .iter()
+            .next()
+            .unwrap()
+            .usage(&"ada".to_owned())
+            .used,
+        2
+    );
+}
+
+#[tokio::test]
+async fn headers_report_the_tiers_policy() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap();
+    let addr = app(layer).await;
+    statuses(addr, "free", "ada", 2).await;
+    let free = send(addr, "free", "ada").await;
+    assert_eq!(free.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&free, "ratelimit-policy"), Some("\"free\";q=2;w=60"));
+    assert!(header(&free, "ratelimit")
+        .unwrap()
+        .starts_with("\"free\";r=0;t="));
+    assert!(header(&free, "retry-after").is_some());
+
+    statuses(addr, "paid", "ada", 5).await;
+    let paid = send(addr, "paid", "ada").await;
+    assert_eq!(paid.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&paid, "ratelimit-policy"),
+        Some("\"paid-1\";q=5;w=60, \"hourly\";q=100;w=3600")
+    );
+    assert!(header(&paid, "ratelimit")
+        .unwrap()
+        .starts_with("\"paid-1\";r=0;t="));
+}
+
+#[tokio::test]
+async fn unlimited_tiers_pass_uncounted_and_denied_tiers_never_pass() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap();
+    let addr = app(layer).await;
+
+    let internal = statuses(addr, "internal", "ci", 50).await;
+    assert!(internal.iter().all(|&s| s == 200), "{internal:?}");
+    assert_eq!(
+        header(&send(addr, "internal", "ci").await, "ratelimit"),
+        None
+    );
+
+    let denied = send(addr, "suspended", "mallory").await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"suspended\";q=0")
+    );
+    assert_eq!(header(&denied, "ratelimit"), Some("\"suspended\";r=0;t=0"));
+    // Waiting will not help: no Retry-After.
+    assert_eq!(header(&denied, "retry-after"), None);
+}
+
+#[tokio::test]
+async fn a_tier_the_table_lacks_is_a_server_error_or_goes_to_the_fallback() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap();
+    let addr = app(layer.clone()).await;
+    let unknown = send(addr, "platinum", "ada").await;
+    assert_eq!(unknown.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(header(&unknown, "ratelimit"), None);
+    assert_eq!(
+        send(addr, "", "ada").await.status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(layer.stats().unknown_tier, 2);
+    // No key at all: the missing-key outcome (400), not an unknown tier.
+    let no_key = {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::builder().uri("/").header("x-tier", "free");
+        sender
+            .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(no_key, StatusCode::BAD_REQUEST);
+
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .unknown_tier_fallback("free")
+        .build()
+        .unwrap();
+    let addr = app(layer.clone()).await;
+    assert_eq!(statuses(addr, "platinum", "ada", 3).await, [200, 200, 429]);
+    // Counted in the fallback tier, as the same key of that tier.
+    assert_eq!(
+        send(addr, "free", "ada").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(layer.stats().unknown_tier, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn raising_a_limit_gives_room_at_once_and_lowering_it_waits_for_the_window() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap();
+    let addr = app(layer.clone()).await;
+
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    layer
+        .set_tier("free", TierLimits::Limited(vec!["4/min".parse().unwrap()]))
+        .unwrap();
+    // The two admitted still count: two more, not four.
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    let raised = send(addr, "free", "ada").await;
+    assert_eq!(
+        header(&raised, "ratelimit-policy"),
+        Some("\"free\";q=4;w=60")
+    );
+
+    tokio::time::advance(Duration::from_secs(30)).await;
+    layer
+        .set_tier("free", TierLimits::Limited(vec!["1/min".parse().unwrap()]))
+        .unwrap();
+    // Four counted against a limit of one: denied until they leave the window
+    // (a minute and a bucket after they were admitted).
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
+    tokio::time::advance(Duration::from_secs(25)).await;
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(statuses(addr, "free", "ada", 2).await, [200, 429]);
+    // The other tiers were not touched.
+    assert_eq!(
+        statuses(addr, "paid", "ada", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_window_carries_the_counts_over_no_earlier_than_they_happened() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap();
+    let addr = app(layer.clone()).await;
+    // Two at 0 s, in the first 4 s bucket of "2/min".
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    // 2 per 30 s, in 2 s buckets: the two now count in the bucket holding
+    // their old bucket's last instant, [2 s, 4 s), so they leave the window
+    // 30 s after it ends, at 34 s: not at 30 s, as they would had they been
+    // moved earlier.
+    layer
+        .set_tier(
+            "free",
+            TierLimits::Limited(vec!["2 per 30s".parse().unwrap()]),
+        )
+        .unwrap();
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
+    tokio::time::advance(Duration::from_secs(23)).await; // 33 s
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
+    tokio::time::advance(Duration::from_secs(2)).await; // 35 s
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_table_keeps_counts_by_tier_and_policy_name() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap();
+    let addr = app(layer.clone()).await;
+    assert_eq!(statuses(addr, "paid", "ada", 5).await, [200; 5]);
+    assert_eq!(statuses(addr, "free", "ada", 2).await, [200; 2]);
+
+    // "paid" gets a bigger burst limit (its first policy, "paid-1" as its
+    // position names it, keeps its counts by that name) and keeps "hourly";
+    // "free" goes; "trial" is new.
+    let next = Tiers::builder()
+        .limited(
+            "paid",
+            [
+                "6/min".parse().unwrap(),
+                Policy::per(100, Duration::from_secs(3600))
+                    .unwrap()
+                    .with_name("hourly"),
+            ],
+        )
+        .limited("trial", ["1/min".parse().unwrap()])
+        .build()
+        .unwrap();
+    layer.set_tiers(&next).unwrap();
+    assert_eq!(statuses(addr, "paid", "ada", 2).await, [200, 429]);
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [500]);
+    assert_eq!(statuses(addr, "trial", "ada", 2).await, [200, 429]);
+    assert_eq!(layer.tiers().unwrap(), next);
+}
+
+#[test]
+fn mistakes_are_configuration_errors() {
+    // Tiers need an extractor that names them, and the other way round.
+    let untiered =
+        key_fn(|req: &Request<Body>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()));
+    assert!(matches!(
+        SlidingWindowLayer::builder(untiered).tiers(table()).build(),
+        Err(ConfigError::TiersAndExtractorDisagree {
+            layer_has_tiers: true
+        })
+    ));
+    assert!(matches!(
+        SlidingWindowLayer::builder(by_tier())
+            .policy("1/s".parse().unwrap())
+            .build(),
+        Err(ConfigError::TiersAndExtractorDisagree {
+            layer_has_tiers: false
+        })
+    ));
+    assert!(matches!(
+        SlidingWindowLayer::builder(by_tier())
+            .tiers(table())
+            .unknown_tier_fallback("gold")
+            .build(),
+        Err(ConfigError::UnknownFallbackTier { .. })
+    ));
+    assert!(matches!(
+        SlidingWindowLayer::builder(by_tier())
+            .tiers(table())
+            .on_limit(OnLimit::Wait(WaitConfig::unbounded()))
+            .build(),
+        Err(ConfigError::NotWithTiers { .. })
+    ));
+    // A change that drops the fallback tier is refused, and nothing changes.
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .unknown_tier_fallback("free")
+        .build()
+        .unwrap();
+    let without_free = Tiers::builder().unlimited("internal").build().unwrap();
+    assert!(matches!(
+        layer.set_tiers(&without_free),
+        Err(ConfigError::UnknownFallbackTier { .. })
+    ));
+    assert_eq!(layer.tiers().unwrap(), table());
+}
