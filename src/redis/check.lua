@@ -3,9 +3,12 @@
 -- 32-bit tags (Lua numbers are doubles: integers are exact below 2^53, and
 -- microseconds since 1970 stay below that until the year 2255).
 --
--- KEYS[1]  the key's hash: field "t" = newest slot entered, field "<slot>" = units
---          counted in that slot. Stale slot fields are deleted here; the key
---          expires (PEXPIRE) when its newest units leave the window.
+-- KEYS[1]  the key's hash: field "t" = newest slot entered, field "w" = the bucket
+--          width its slots are numbered in (µs), field "c" = the slot at which it
+--          was last converted to that width (absent if never), field "<slot>" =
+--          units counted in that slot. Stale slot fields are deleted here; the key
+--          expires (PEXPIRE) when its newest units leave the window. A key without
+--          "w" (written before the field existed) is read in this script's width.
 -- ARGV[1]  limit L
 -- ARGV[2]  N, buckets per window
 -- ARGV[3]  bucket width w in microseconds
@@ -34,34 +37,94 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- s = floor(now / w), corrected for the double division's rounding.
-local s = math.floor(now / w)
-if s * w > now then
-  s = s - 1
-elseif (s + 1) * w <= now then
-  s = s + 1
+-- floor(a / b) for whole a >= 0, b > 0, corrected for the double division's rounding.
+local function div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
 end
+
+local s = div(now, w)
 
 local fields = redis.call('HGETALL', key)
 local newest = -1
+local kw = nil -- the key's bucket width; nil: this script's (or a new key)
 for i = 1, #fields, 2 do
-  if fields[i] == 't' then
+  local f = fields[i]
+  if f == 't' then
     newest = tonumber(fields[i + 1])
-    break
+  elseif f == 'w' then
+    kw = tonumber(fields[i + 1])
   end
+  if newest >= 0 and kw then break end
 end
+
+
+-- Slots of another width (the store was reconfigured to another window or
+-- bucket count; the key keeps its name so that its counts carry over). The
+-- script does not know the old window, so it moves counts conservatively: each
+-- old slot's units go to the slot holding that slot's last instant (never
+-- earlier than when they were counted), at most the current slot; those already
+-- out of this window are dropped. The clock reached at least the start of the
+-- old newest slot: that is the newest slot here, unless it is more than a
+-- window ahead (a clock that far behind is not held for, as below).
+if kw and kw ~= w and newest >= 0 then
+  local old_ttl = redis.call('PTTL', key)
+  local held = div(newest * kw, w)
+  if held > s and held <= s + n then s = held end
+  local moved = {}
+  for i = 1, #fields, 2 do
+    local f = fields[i]
+    if f ~= 't' and f ~= 'w' and f ~= 'c' then
+      local o = tonumber(f)
+      local p = div((o + 1) * kw - 1, w)
+      if p > s then p = s end
+      if s - p <= n then
+        moved[p] = (moved[p] or 0) + tonumber(fields[i + 1])
+      end
+    end
+  end
+  local sf = string.format('%d', s)
+  local out = {'t', sf, 'w', string.format('%d', w), 'c', sf}
+  for p, c in pairs(moved) do
+    out[#out + 1] = string.format('%d', p)
+    out[#out + 1] = string.format('%d', c)
+  end
+  redis.call('DEL', key)
+  -- In chunks: unpack() of thousands of values would overflow Lua's C stack.
+  for i = 1, #out, 500 do
+    redis.call('HSET', key, unpack(out, i, math.min(i + 499, #out)))
+  end
+  -- The longer of the old expiry and this window's from the current slot, so
+  -- nothing still counted by either policy expires early.
+  local ttl = math.max(1, math.ceil(((s + n + 1) * w - now) / 1000))
+  if old_ttl > ttl then ttl = old_ttl end
+  redis.call('PEXPIRE', key, ttl)
+  fields = out
+  newest = s
+  kw = w
+end
+
 -- A clock that steps back (a failover to a host whose clock lags) is held at the
 -- key's newest slot, as the in-memory ring does: nothing counted expires early.
 -- A newest slot more than a window ahead is not a lagging clock worth holding
--- for: a clock that far behind, or slots of another bucket width under the same
--- key (a prefix kept across a policy change). Holding would deny the key until
--- the clock got there, for years in the second case: start the key afresh.
+-- for: a clock that far behind, or (in a key without "w", written before the
+-- field existed) slots of another bucket width under the same key. Holding
+-- would deny the key until the clock got there, for years in the second case:
+-- start the key afresh.
 if newest > s + n then
   redis.call('DEL', key)
   fields = {}
   newest = -1
+  kw = nil
 end
 if newest > s then s = newest end
+-- Every write below also names the width when the key does not yet.
+local ws = string.format('%d', w)
 
 -- counts[a] = units recorded at slot s - a, for ages 0..=N (sparse: nil is 0).
 local counts = {}
@@ -69,7 +132,7 @@ local used = 0
 local stale = nil
 for i = 1, #fields, 2 do
   local f = fields[i]
-  if f ~= 't' then
+  if f ~= 't' and f ~= 'w' and f ~= 'c' then
     local a = s - tonumber(f)
     if a > n then
       stale = stale or {}
@@ -136,7 +199,9 @@ if fits then
   counts[0] = current + cost
   used = used + cost
   -- A check enters its slot whether or not it passes (the ring publishes "newest").
-  if s > newest then
+  if not kw then
+    redis.call('HSET', key, 't', sf, 'w', ws, sf, current + cost)
+  elseif s > newest then
     redis.call('HSET', key, 't', sf, sf, current + cost)
   else
     redis.call('HSET', key, sf, current + cost)
@@ -151,7 +216,13 @@ if fits then
 end
 
 -- Denied (the key holds units, so it exists and has its expiry).
-if s > newest and used > 0 then redis.call('HSET', key, 't', sf) end
+if used > 0 then
+  if not kw then
+    redis.call('HSET', key, 't', sf, 'w', ws)
+  elseif s > newest then
+    redis.call('HSET', key, 't', sf)
+  end
+end
 
 -- The exact time until `cost` fits, as counts expire slot by slot (Ring::denied).
 local target = limit - cost
