@@ -7,6 +7,8 @@ mod clock_set_back;
 mod layer_hooks;
 mod limiter_model;
 #[cfg(feature = "redis")]
+mod redis_reconfigured;
+#[cfg(feature = "redis")]
 mod redis_script;
 mod stress;
 mod wait;
