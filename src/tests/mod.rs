@@ -10,6 +10,9 @@ mod limiter_model;
 mod redis_reconfigured;
 #[cfg(feature = "redis")]
 mod redis_script;
+#[cfg(feature = "redis")]
+#[path = "../../tests/redis_support/mod.rs"]
+mod redis_support;
 mod stress;
 mod wait;
 mod wait_model_prop;

@@ -4,13 +4,10 @@
 //! sequences of checks and changes. The tests are `#[ignore]`d like those of
 //! `redis_script`: run them with `-- --include-ignored` where Redis answers.
 
-#[path = "../../tests/redis_support/mod.rs"]
-mod redis_support;
-
+use super::redis_support::*;
 use crate::{FailurePolicy, Policy, RedisStore, Store};
 use ::redis::AsyncCommands;
 use proptest::prelude::*;
-use redis_support::*;
 use std::collections::HashMap;
 use std::time::Duration;
 
