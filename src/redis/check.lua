@@ -4,9 +4,10 @@
 -- microseconds since 1970 stay below that until the year 2255).
 --
 -- KEYS[1]  the key's hash: field "t" = newest slot entered, field "w" = the bucket
---          width its slots are numbered in (µs), field "c" = the slot at which it
---          was last converted to that width (absent if never), field "<slot>" =
---          units counted in that slot. Stale slot fields are deleted here; the key
+--          width its slots are numbered in (µs), field "n" = the bucket count its
+--          expiry was last set for, field "c" = the slot at which it was last
+--          converted to that width (absent if never), field "<slot>" = units
+--          counted in that slot. Stale slot fields are deleted here; the key
 --          expires (PEXPIRE) when its newest units leave the window. A key without
 --          "w" (written before the field existed) is read in this script's width.
 -- ARGV[1]  limit L
@@ -53,15 +54,20 @@ local s = div(now, w)
 local fields = redis.call('HGETALL', key)
 local newest = -1
 local kw = nil -- the key's bucket width; nil: this script's (or a new key)
+local kn = nil -- the key's bucket count
 for i = 1, #fields, 2 do
   local f = fields[i]
   if f == 't' then
     newest = tonumber(fields[i + 1])
   elseif f == 'w' then
     kw = tonumber(fields[i + 1])
+  elseif f == 'n' then
+    kn = tonumber(fields[i + 1])
   end
-  if newest >= 0 and kw then break end
+  if newest >= 0 and kw and kn then break end
 end
+local ws = string.format('%d', w)
+local ns = string.format('%d', n)
 
 
 -- Slots of another width (the store was reconfigured to another window or
@@ -79,7 +85,7 @@ if kw and kw ~= w and newest >= 0 then
   local moved = {}
   for i = 1, #fields, 2 do
     local f = fields[i]
-    if f ~= 't' and f ~= 'w' and f ~= 'c' then
+    if f ~= 't' and f ~= 'w' and f ~= 'n' and f ~= 'c' then
       local o = tonumber(f)
       local p = div((o + 1) * kw - 1, w)
       if p > s then p = s end
@@ -89,7 +95,7 @@ if kw and kw ~= w and newest >= 0 then
     end
   end
   local sf = string.format('%d', s)
-  local out = {'t', sf, 'w', string.format('%d', w), 'c', sf}
+  local out = {'t', sf, 'w', ws, 'n', ns, 'c', sf}
   for p, c in pairs(moved) do
     out[#out + 1] = string.format('%d', p)
     out[#out + 1] = string.format('%d', c)
@@ -107,6 +113,7 @@ if kw and kw ~= w and newest >= 0 then
   fields = out
   newest = s
   kw = w
+  kn = n
 end
 
 -- A clock that steps back (a failover to a host whose clock lags) is held at the
@@ -123,8 +130,15 @@ if newest > s + n then
   kw = nil
 end
 if newest > s then s = newest end
--- Every write below also names the width when the key does not yet.
-local ws = string.format('%d', w)
+
+-- Another bucket count at the same width (a window changed by whole buckets):
+-- the slots stand, but the key must now live as long as this window needs
+-- after its newest slot, also if every check is denied (denials set no expiry).
+if kw and kn ~= n then
+  local ttl = math.max(1, math.ceil(((newest + n + 1) * w - now) / 1000))
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  redis.call('HSET', key, 'n', ns)
+end
 
 -- counts[a] = units recorded at slot s - a, for ages 0..=N (sparse: nil is 0).
 local counts = {}
@@ -132,7 +146,7 @@ local used = 0
 local stale = nil
 for i = 1, #fields, 2 do
   local f = fields[i]
-  if f ~= 't' and f ~= 'w' and f ~= 'c' then
+  if f ~= 't' and f ~= 'w' and f ~= 'n' and f ~= 'c' then
     local a = s - tonumber(f)
     if a > n then
       stale = stale or {}
@@ -200,7 +214,8 @@ if fits then
   used = used + cost
   -- A check enters its slot whether or not it passes (the ring publishes "newest").
   if not kw then
-    redis.call('HSET', key, 't', sf, 'w', ws, sf, current + cost)
+    -- A new key, or one written before keys named their geometry.
+    redis.call('HSET', key, 't', sf, 'w', ws, 'n', ns, sf, current + cost)
   elseif s > newest then
     redis.call('HSET', key, 't', sf, sf, current + cost)
   else
@@ -218,7 +233,7 @@ end
 -- Denied (the key holds units, so it exists and has its expiry).
 if used > 0 then
   if not kw then
-    redis.call('HSET', key, 't', sf, 'w', ws)
+    redis.call('HSET', key, 't', sf, 'w', ws, 'n', ns)
   elseif s > newest then
     redis.call('HSET', key, 't', sf)
   end

@@ -10,7 +10,8 @@
 //! Redis Cluster slot, and it expires by itself (`PEXPIRE`) once its units have
 //! left the window, so Redis memory tracks the keys active in the last window.
 //! Its fields: `t`, the newest slot entered; `w`, the bucket width in µs that
-//! slots are numbered in; `c`, the slot at which it was last converted from
+//! slots are numbered in; `n`, the bucket count its expiry was set for; `c`,
+//! the slot at which it was last converted from
 //! another width (after [`RedisStore::reconfigured`] changed the window or
 //! buckets; absent if never); and one field per slot number holding units.
 //! The limit is in none of them (nor in the default prefix): it is the

@@ -40,7 +40,7 @@ async fn counted(conn: &mut ::redis::aio::MultiplexedConnection, key: &[u8]) -> 
     let fields: HashMap<String, u64> = conn.hgetall(key).await.unwrap();
     fields
         .iter()
-        .filter(|(f, _)| !matches!(f.as_str(), "t" | "w" | "c"))
+        .filter(|(f, _)| !matches!(f.as_str(), "t" | "w" | "n" | "c"))
         .map(|(_, v)| v)
         .sum()
 }
@@ -215,6 +215,48 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
         .unwrap()
         .is_allowed());
     assert_eq!(counted(&mut conn, &b.redis_key(&"k")).await, 3);
+}
+
+/// A longer window of the same bucket width keeps the slots as they are, and
+/// the key's expiry grows to the new window even while every check is denied
+/// (a denial sets no expiry of its own).
+#[tokio::test]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
+async fn more_buckets_of_the_same_width_keep_the_key_for_the_longer_window() {
+    let test = "more_buckets_of_the_same_width_keep_the_key_for_the_longer_window";
+    let mut conn = shared_redis(test).await;
+    let old = store(policy(2, Duration::from_secs(10), 10), test);
+    let key = old.redis_key(&"k");
+    assert!(old
+        .check_at(&"k", 2, secs(1_000.5))
+        .await
+        .unwrap()
+        .is_allowed());
+    // Slot 1000's units leave the 10 s window when slot 1011 begins: 10.5 s on.
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!((10_000..=10_500).contains(&ttl), "{ttl} ms");
+    let longer = old
+        .reconfigured(policy(2, Duration::from_secs(20), 20))
+        .unwrap();
+    assert!(!longer
+        .check_at(&"k", 1, secs(1_001.0))
+        .await
+        .unwrap()
+        .is_allowed());
+    // Until slot 1021 begins, 20 s after the denial.
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!((19_500..=20_000).contains(&ttl), "{ttl} ms");
+    assert_eq!(counted(&mut conn, &key).await, 2);
+    assert!(!longer
+        .check_at(&"k", 1, secs(1_020.999))
+        .await
+        .unwrap()
+        .is_allowed());
+    assert!(longer
+        .check_at(&"k", 2, secs(1_021.0))
+        .await
+        .unwrap()
+        .is_allowed());
 }
 
 #[tokio::test]
