@@ -66,8 +66,8 @@ for i = 1, #fields, 2 do
   end
   if newest >= 0 and kw and kn then break end
 end
-local ws = string.format('%d', w)
-local ns = string.format('%d', n)
+-- As written to the key (the client sends whole numbers in decimal).
+local ws, ns = ARGV[3], ARGV[2]
 
 
 -- Slots of another width (the store was reconfigured to another window or
