@@ -187,11 +187,11 @@ async fn stale_buckets_are_deleted_from_a_busy_key() {
     );
     let key = s.redis_key(&"k");
     // Keep the key busy across many 10 ms slots; its hash never holds more than
-    // the newest-slot and geometry fields plus the N + 1 slots of one span.
+    // the newest-slot field plus the N + 1 slots of one span.
     for _ in 0..30 {
         assert!(s.check_n(&"k", 1).await.unwrap().is_allowed());
         let fields: usize = conn.hlen(&key).await.unwrap();
-        assert!(fields <= 3 + 5, "{fields} fields");
+        assert!(fields <= 1 + 5, "{fields} fields");
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
 }

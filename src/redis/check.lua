@@ -3,13 +3,13 @@
 -- 32-bit tags (Lua numbers are doubles: integers are exact below 2^53, and
 -- microseconds since 1970 stay below that until the year 2255).
 --
--- KEYS[1]  the key's hash: field "t" = newest slot entered, field "w" = the bucket
---          width its slots are numbered in (µs), field "n" = the bucket count its
---          expiry was last set for, field "c" = the slot at which it was last
---          converted to that width (absent if never), field "<slot>" = units
---          counted in that slot. Stale slot fields are deleted here; the key
---          expires (PEXPIRE) when its newest units leave the window. A key without
---          "w" (written before the field existed) is read in this script's width.
+-- KEYS[1]  the key's hash: field "t<w>:<N>" = newest slot entered, named for the
+--          geometry its slots are numbered in (bucket width w in µs, N buckets);
+--          field "<slot>" = units counted in that slot; field "c" = the slot at
+--          which the key was last converted from another width (absent if
+--          never). Stale slot fields are deleted here; the key expires (PEXPIRE)
+--          when its newest units leave the window. A plain "t" (a key written
+--          before the geometry was in the name) is read as this script's.
 -- ARGV[1]  limit L
 -- ARGV[2]  N, buckets per window
 -- ARGV[3]  bucket width w in microseconds
@@ -51,24 +51,25 @@ end
 
 local s = div(now, w)
 
+-- The geometry is in the newest-slot field's name, not a field of its own:
+-- HGETALL then returns no more strings than before the geometry was recorded.
+local tname = 't' .. ARGV[3] .. ':' .. ARGV[2]
 local fields = redis.call('HGETALL', key)
 local newest = -1
-local kw = nil -- the key's bucket width; nil: this script's (or a new key)
-local kn = nil -- the key's bucket count
+local tfield = nil -- the newest-slot field's name as found (nil: a new key)
 for i = 1, #fields, 2 do
   local f = fields[i]
-  if f == 't' then
+  -- Written first, so normally the first field. 116 is "t".
+  if f == tname or (f ~= 'c' and string.byte(f) == 116) then
     newest = tonumber(fields[i + 1])
-  elseif f == 'w' then
-    kw = tonumber(fields[i + 1])
-  elseif f == 'n' then
-    kn = tonumber(fields[i + 1])
+    tfield = f
+    break
   end
-  if newest >= 0 and kw and kn then break end
 end
--- As written to the key (the client sends whole numbers in decimal).
-local ws, ns = ARGV[3], ARGV[2]
-
+local kw = w
+if tfield and tfield ~= tname and tfield ~= 't' then
+  kw = tonumber(string.match(tfield, '^t(%d+):') or w)
+end
 
 -- Slots of another width (the store was reconfigured to another window or
 -- bucket count; the key keeps its name so that its counts carry over). The
@@ -78,16 +79,15 @@ local ws, ns = ARGV[3], ARGV[2]
 -- out of this window are dropped. The clock reached at least the start of the
 -- old newest slot: that is the newest slot here, unless it is more than a
 -- window ahead (a clock that far behind is not held for, as below).
-if kw and kw ~= w and newest >= 0 then
+if kw ~= w then
   local old_ttl = redis.call('PTTL', key)
   local held = div(newest * kw, w)
   if held > s and held <= s + n then s = held end
   local moved = {}
   for i = 1, #fields, 2 do
     local f = fields[i]
-    if f ~= 't' and f ~= 'w' and f ~= 'n' and f ~= 'c' then
-      local o = tonumber(f)
-      local p = div((o + 1) * kw - 1, w)
+    if f ~= tfield and f ~= 'c' then
+      local p = div((tonumber(f) + 1) * kw - 1, w)
       if p > s then p = s end
       if s - p <= n then
         moved[p] = (moved[p] or 0) + tonumber(fields[i + 1])
@@ -95,7 +95,7 @@ if kw and kw ~= w and newest >= 0 then
     end
   end
   local sf = string.format('%d', s)
-  local out = {'t', sf, 'w', ws, 'n', ns, 'c', sf}
+  local out = {tname, sf, 'c', sf}
   for p, c in pairs(moved) do
     out[#out + 1] = string.format('%d', p)
     out[#out + 1] = string.format('%d', c)
@@ -112,33 +112,34 @@ if kw and kw ~= w and newest >= 0 then
   redis.call('PEXPIRE', key, ttl)
   fields = out
   newest = s
-  kw = w
-  kn = n
+  tfield = tname
 end
 
 -- A clock that steps back (a failover to a host whose clock lags) is held at the
 -- key's newest slot, as the in-memory ring does: nothing counted expires early.
 -- A newest slot more than a window ahead is not a lagging clock worth holding
--- for: a clock that far behind, or (in a key without "w", written before the
--- field existed) slots of another bucket width under the same key. Holding
--- would deny the key until the clock got there, for years in the second case:
--- start the key afresh.
+-- for: a clock that far behind, or (in a key with a plain "t", written before
+-- the geometry was in the name) slots of another bucket width under the same
+-- key. Holding would deny the key until the clock got there, for years in the
+-- second case: start the key afresh.
 if newest > s + n then
   redis.call('DEL', key)
   fields = {}
   newest = -1
-  kw = nil
+  tfield = nil
 end
-if newest > s then s = newest end
 
--- Another bucket count at the same width (a window changed by whole buckets):
--- the slots stand, but the key must now live as long as this window needs
--- after its newest slot, also if every check is denied (denials set no expiry).
-if kw and kn ~= n then
+-- Another bucket count at the same width (a window changed by whole buckets),
+-- or a plain "t": the slots stand, renamed for this geometry, and the key must
+-- now live as long as this window needs after its newest slot, also if every
+-- check is denied (a denial sets no expiry).
+if tfield and tfield ~= tname then
   local ttl = math.max(1, math.ceil(((newest + n + 1) * w - now) / 1000))
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-  redis.call('HSET', key, 'n', ns)
+  redis.call('HDEL', key, tfield)
+  redis.call('HSET', key, tname, string.format('%d', newest))
 end
+if newest > s then s = newest end
 
 -- counts[a] = units recorded at slot s - a, for ages 0..=N (sparse: nil is 0).
 local counts = {}
@@ -146,13 +147,13 @@ local used = 0
 local stale = nil
 for i = 1, #fields, 2 do
   local f = fields[i]
-  if f ~= 't' and f ~= 'w' and f ~= 'n' and f ~= 'c' then
+  if f ~= tfield and f ~= 'c' then
     local a = s - tonumber(f)
     if a > n then
       stale = stale or {}
       stale[#stale + 1] = f
     else
-      if a < 0 then a = 0 end -- never written ahead of "t"; count it (the safe side)
+      if a < 0 then a = 0 end -- never written ahead of the newest; count it (the safe side)
       local c = tonumber(fields[i + 1])
       counts[a] = (counts[a] or 0) + c
       used = used + c
@@ -213,11 +214,8 @@ if fits then
   counts[0] = current + cost
   used = used + cost
   -- A check enters its slot whether or not it passes (the ring publishes "newest").
-  if not kw then
-    -- A new key, or one written before keys named their geometry.
-    redis.call('HSET', key, 't', sf, 'w', ws, 'n', ns, sf, current + cost)
-  elseif s > newest then
-    redis.call('HSET', key, 't', sf, sf, current + cost)
+  if s > newest then
+    redis.call('HSET', key, tname, sf, sf, current + cost)
   else
     redis.call('HSET', key, sf, current + cost)
   end
@@ -231,13 +229,7 @@ if fits then
 end
 
 -- Denied (the key holds units, so it exists and has its expiry).
-if used > 0 then
-  if not kw then
-    redis.call('HSET', key, 't', sf, 'w', ws, 'n', ns)
-  elseif s > newest then
-    redis.call('HSET', key, 't', sf)
-  end
-end
+if s > newest and used > 0 then redis.call('HSET', key, tname, sf) end
 
 -- The exact time until `cost` fits, as counts expire slot by slot (Ring::denied).
 local target = limit - cost

@@ -9,11 +9,11 @@
 //! Each key is one hash, `prefix{key}`: the hash tag keeps a key's data in one
 //! Redis Cluster slot, and it expires by itself (`PEXPIRE`) once its units have
 //! left the window, so Redis memory tracks the keys active in the last window.
-//! Its fields: `t`, the newest slot entered; `w`, the bucket width in µs that
-//! slots are numbered in; `n`, the bucket count its expiry was set for; `c`,
-//! the slot at which it was last converted from
-//! another width (after [`RedisStore::reconfigured`] changed the window or
-//! buckets; absent if never); and one field per slot number holding units.
+//! Its fields: `t<width µs>:<buckets>`, the newest slot entered, named for
+//! the geometry the slots are numbered in; one field per slot number holding
+//! units; and `c`, the slot at which the key was last converted from another
+//! bucket width (after [`RedisStore::reconfigured`] changed the window or
+//! buckets; absent if never).
 //! The limit is in none of them (nor in the default prefix): it is the
 //! script's argument, so a change of limit keeps the counts as they are.
 //!
@@ -343,9 +343,10 @@ impl RedisStore {
     /// goes on from this store's). Its deny cache is its own and starts empty:
     /// a denial cached under the old limit must not outlive a raised one.
     /// This store stays usable: a check in flight finishes under the old
-    /// policy, and its undos still give back what it counted (unless the key
-    /// has been converted to another bucket width meanwhile: then they give
-    /// nothing back, the safe side). Every decision is still one round trip.
+    /// policy, and its undos still give back what it counted (unless the new
+    /// store has checked the key meanwhile under another window or bucket
+    /// count: then they give nothing back, the safe side). Every decision is
+    /// still one round trip.
     ///
     /// A change of limit (or precision) keeps the counts as they are: raising
     /// the limit gives room at once, lowering it denies until enough admitted
@@ -557,9 +558,9 @@ impl RedisStoreBuilder {
     /// counts; a [`reconfigured`](RedisStore::reconfigured) store keeps its
     /// prefix whatever the new policy. It must not contain `{` or `}`: the
     /// key's hash tag follows it. A custom prefix kept across a change of
-    /// bucket width meets the old slots: the key records its width (field
-    /// `w`), and the first check under another width converts its counts as
-    /// [`RedisStore::reconfigured`] describes.
+    /// bucket width meets the old slots: the key records its geometry (in
+    /// the name of its newest-slot field), and the first check under another
+    /// width converts its counts as [`RedisStore::reconfigured`] describes.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
         self
@@ -1253,7 +1254,8 @@ impl Inner {
             .key(self.full_key(&user))
             .arg(slot)
             .arg(cost)
-            .arg(self.width_us);
+            .arg(self.width_us)
+            .arg(self.buckets);
         match self.invoke::<i64>(&invocation).await {
             Ok(_) => self.redis_answered(None),
             Err(failure) => {

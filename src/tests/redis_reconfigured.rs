@@ -40,9 +40,17 @@ async fn counted(conn: &mut ::redis::aio::MultiplexedConnection, key: &[u8]) -> 
     let fields: HashMap<String, u64> = conn.hgetall(key).await.unwrap();
     fields
         .iter()
-        .filter(|(f, _)| !matches!(f.as_str(), "t" | "w" | "n" | "c"))
+        .filter(|(f, _)| !f.starts_with('t') && *f != "c")
         .map(|(_, v)| v)
         .sum()
+}
+
+/// The name of `key`'s newest-slot field, which names its geometry.
+async fn newest_field(conn: &mut ::redis::aio::MultiplexedConnection, key: &[u8]) -> String {
+    let fields: HashMap<String, u64> = conn.hgetall(key).await.unwrap();
+    let mut names: Vec<&String> = fields.keys().filter(|f| f.starts_with('t')).collect();
+    assert_eq!(names.len(), 1, "{fields:?}");
+    names.pop().unwrap().clone()
 }
 
 #[tokio::test]
@@ -152,17 +160,15 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
         .await
         .unwrap()
         .is_allowed());
-    let w: Option<String> = conn.hget(&key, "w").await.unwrap();
-    assert_eq!(w.as_deref(), Some("1000000"));
+    assert_eq!(newest_field(&mut conn, &key).await, "t1000000:10");
 
     let longer = old
         .reconfigured(policy(4, Duration::from_secs(20), 4))
         .unwrap();
     let d = longer.check_at(&"k", 1, secs(1_002.0)).await.unwrap();
     assert!(!d.is_allowed(), "the 4 units carried over: {d:?}");
-    let w: Option<String> = conn.hget(&key, "w").await.unwrap();
+    assert_eq!(newest_field(&mut conn, &key).await, "t5000000:4");
     let c: Option<String> = conn.hget(&key, "c").await.unwrap();
-    assert_eq!(w.as_deref(), Some("5000000"));
     assert_eq!(c.as_deref(), Some("200"));
     assert_eq!(counted(&mut conn, &key).await, 4);
     // Slots 1000 and 1001 (ending at 1000.999999 s and 1001.999999 s) both
@@ -246,6 +252,7 @@ async fn more_buckets_of_the_same_width_keep_the_key_for_the_longer_window() {
     // Until slot 1021 begins, 20 s after the denial.
     let ttl: i64 = conn.pttl(&key).await.unwrap();
     assert!((19_500..=20_000).contains(&ttl), "{ttl} ms");
+    assert_eq!(newest_field(&mut conn, &key).await, "t1000000:20");
     assert_eq!(counted(&mut conn, &key).await, 2);
     assert!(!longer
         .check_at(&"k", 1, secs(1_020.999))
@@ -311,8 +318,8 @@ async fn the_old_store_undoes_its_decisions_unless_their_key_changed_width() {
     assert_eq!(counted(&mut conn, &wider.redis_key(&"c")).await, 1);
 }
 
-/// A key written before the width field existed (by the script as it was) is
-/// read in the store's width, then gains the field.
+/// A key written before its newest-slot field named the geometry (by the
+/// script as it was, field "t") is read in the store's geometry, then renamed.
 #[tokio::test]
 #[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
 async fn a_key_without_a_width_is_read_in_the_stores_width() {
@@ -328,8 +335,7 @@ async fn a_key_without_a_width_is_read_in_the_stores_width() {
     let d = s.check_at(&"k", 1, secs(1_000.5)).await.unwrap();
     assert!(d.is_allowed());
     assert_eq!(d.remaining(), 0);
-    let w: Option<String> = conn.hget(&key, "w").await.unwrap();
-    assert_eq!(w.as_deref(), Some("1000000"));
+    assert_eq!(newest_field(&mut conn, &key).await, "t1000000:10");
     // Its undo gives back as before.
     s.undo_now(&"k", &d).await;
     assert_eq!(counted(&mut conn, &key).await, 2);
