@@ -49,7 +49,13 @@ local function div(a, b)
   return q
 end
 
-local s = div(now, w)
+-- s = floor(now / w), inline: this is every decision's path.
+local s = math.floor(now / w)
+if s * w > now then
+  s = s - 1
+elseif (s + 1) * w <= now then
+  s = s + 1
+end
 
 -- The geometry is in the newest-slot field's name, not a field of its own:
 -- HGETALL then returns no more strings than before the geometry was recorded.
@@ -147,8 +153,10 @@ local used = 0
 local stale = nil
 for i = 1, #fields, 2 do
   local f = fields[i]
-  if f ~= tfield and f ~= 'c' then
-    local a = s - tonumber(f)
+  -- Slot fields are the numeric ones ("t…" and "c" are not): no compare per field.
+  local o = tonumber(f)
+  if o then
+    local a = s - o
     if a > n then
       stale = stale or {}
       stale[#stale + 1] = f
