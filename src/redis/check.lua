@@ -91,9 +91,9 @@ if kw ~= w then
   if held > s and held <= s + n then s = held end
   local moved = {}
   for i = 1, #fields, 2 do
-    local f = fields[i]
-    if f ~= tfield and f ~= 'c' then
-      local p = div((tonumber(f) + 1) * kw - 1, w)
+    local o = tonumber(fields[i]) -- a slot field
+    if o then
+      local p = div((o + 1) * kw - 1, w)
       if p > s then p = s end
       if s - p <= n then
         moved[p] = (moved[p] or 0) + tonumber(fields[i + 1])

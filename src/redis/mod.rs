@@ -350,24 +350,28 @@ impl RedisStore {
     ///
     /// A change of limit (or precision) keeps the counts as they are: raising
     /// the limit gives room at once, lowering it denies until enough admitted
-    /// units have left the window. A change of window or bucket count changes
-    /// the bucket width: the first check of a key under the new width
-    /// converts its buckets in the same script run. Each old bucket's units
-    /// move to the new bucket holding the old one's last instant (at most the
-    /// current one), so units only ever move later in time; those already out
-    /// of the new window are dropped. The key's expiry then covers the longer
-    /// of the two windows.
+    /// units have left the window. A change of window or bucket count is
+    /// applied to each key by its first check under the new policy, in the
+    /// same script run: at the same bucket width the buckets stand as they
+    /// are; at another width each old bucket's units move to the new bucket
+    /// holding the old one's last instant (at most the current one), so units
+    /// only ever move later in time, and those already out of the new window
+    /// are dropped. Either way the key's expiry then covers the longer of the
+    /// two windows.
     ///
     /// **Guarantee** (strict precision): after a change at time `c` from limit
     /// `L1` over `W1` to `L2` over `W2`, every admission at `t ≥ c` is checked
     /// against `L2` over the new window `(t − W2, t]`, counting all units
     /// admitted after `c` and every unit admitted before `c` that was still
     /// remembered at `c` (inside `(c − W1, c]`), each at a time no earlier
-    /// than its true one. Two limits to it: a key untouched from `c` until its
-    /// old expiry (the end of `W1` after its newest units) loses its units
-    /// then, as it would have without the change, so with `W2 > W1` the units
-    /// of an idle key count for `W1` only; and the usual exceptions of a store
-    /// (a clock stepping back, Redis losing the key) apply.
+    /// than its true one. Its limits: a key no check reaches from `c` until its
+    /// old expiry (one `W1` after its newest units) loses its units then, as
+    /// it would have without the change, so with `W2 > W1` an idle key's units
+    /// count for `W1` only; the usual exceptions of a store (a clock stepping
+    /// back, Redis losing the key) apply; and the keys are shared, so an
+    /// instance of the fleet still on the old geometry converts a key back at
+    /// its next check (conservatively, units moving later again): reconfigure
+    /// every instance.
     ///
     /// Errors as [`RedisStoreBuilder::build`] does for a policy the script
     /// cannot decide exactly (a bucket below 1 µs, a window too long, an
