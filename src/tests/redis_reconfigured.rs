@@ -350,6 +350,8 @@ enum Op {
     Check { key: u8, cost: u32 },
     /// Reconfigure to a strict policy (limit, bucket width in ms, buckets).
     Change(u32, u64, u32),
+    /// Reconfigure to another limit and bucket count at the same bucket width.
+    SameWidth(u32, u32),
 }
 
 /// Strict policies of whole-millisecond buckets, at least 2 s wide so that a
@@ -364,6 +366,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..=30_000u64).prop_map(Op::Advance),
         5 => (0..2u8, 1..=3u32).prop_map(|(key, cost)| Op::Check { key, cost }),
         1 => geometry().prop_map(|(l, w, n)| Op::Change(l, w, n)),
+        1 => geometry().prop_map(|(l, _, n)| Op::SameWidth(l, n)),
     ]
 }
 
@@ -388,20 +391,29 @@ async fn run_trace(first: (u32, u64, u32), ops: Vec<Op>) -> Result<(), TestCaseE
         )
     };
     let mut current = make(first);
+    let mut width_ms = first.1;
     let mut s = store(current.clone(), test);
     let mut now = 1_000_000_000u64; // µs, well away from zero
     let mut units: [Vec<Unit>; 2] = [Vec::new(), Vec::new()];
     for (step, op) in ops.iter().enumerate() {
         match *op {
             Op::Advance(ms) => now += ms * 1_000,
-            Op::Change(l, w, n) => {
+            Op::Change(..) | Op::SameWidth(..) => {
                 let window = current.window().as_micros() as u64;
                 for unit in units.iter_mut().flatten() {
                     if unit.at + window <= now {
                         unit.forgotten = true;
                     }
                 }
-                current = make((l, w, n));
+                let (limit, buckets) = match *op {
+                    Op::Change(l, w, n) => {
+                        width_ms = w;
+                        (l, n)
+                    }
+                    Op::SameWidth(l, n) => (l, n),
+                    _ => unreachable!(),
+                };
+                current = make((limit, width_ms, buckets));
                 s = s.reconfigured(current.clone()).unwrap();
             }
             Op::Check { key, cost } => {
