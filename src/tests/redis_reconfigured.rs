@@ -45,6 +45,31 @@ async fn counted(conn: &mut ::redis::aio::MultiplexedConnection, key: &[u8]) -> 
         .sum()
 }
 
+/// No Redis needed: the store connects lazily.
+#[tokio::test]
+async fn a_reconfigured_store_keeps_the_keys_and_rejects_what_build_rejects() {
+    let old = store(
+        policy(5, Duration::from_secs(10), 10),
+        "a_reconfigured_store_keeps_the_keys_and_rejects_what_build_rejects",
+    );
+    let renamed = Policy::builder()
+        .limit(50)
+        .window(Duration::from_secs(60))
+        .name("paid")
+        .build()
+        .unwrap();
+    let new = Store::<&str>::reconfigured(&old, renamed).unwrap();
+    assert_eq!(new.redis_key(&"k"), old.redis_key(&"k"));
+    assert_eq!(Store::<&str>::policy(&new).name(), "paid");
+    // Buckets of 100 ns: below Redis' microsecond clock.
+    let too_fine = policy(5, Duration::from_micros(100), 1_000);
+    let err = old.reconfigured(too_fine).unwrap_err();
+    assert!(
+        matches!(err, crate::ConfigError::BucketBelowClockResolution { .. }),
+        "{err:?}"
+    );
+}
+
 /// The name of `key`'s newest-slot field, which names its geometry.
 async fn newest_field(conn: &mut ::redis::aio::MultiplexedConnection, key: &[u8]) -> String {
     let fields: HashMap<String, u64> = conn.hgetall(key).await.unwrap();
