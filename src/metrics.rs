@@ -164,6 +164,12 @@ mod on {
                 self.breaker_opens.increment(opens - before);
             }
         }
+
+        /// The breaker's first `opens` openings were reported elsewhere (by
+        /// the store this one was reconfigured from, under its name).
+        pub(crate) fn skip_opens(&self, opens: u64) {
+            self.flushed_opens.fetch_max(opens, Relaxed);
+        }
     }
 
     /// An in-memory limiter's checks, handed over from its own counters.
@@ -319,6 +325,9 @@ mod off {
 
         #[inline(always)]
         pub(crate) fn breaker(&self, _state: crate::redis::BreakerState, _opens: u64) {}
+
+        #[inline(always)]
+        pub(crate) fn skip_opens(&self, _opens: u64) {}
     }
 
     pub(crate) struct LimiterMetrics;

@@ -459,28 +459,48 @@ async fn the_layer_enforces_a_redis_store_shared_by_two_instances() {
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
 }
 
+/// A prefix kept across a change of bucket width (a redeploy with another
+/// window): the old deploy's slot numbers are 100 times the new one's, under
+/// the same key. The key records its width, so the new deploy converts the
+/// counts (moved later in time, never earlier) instead of holding the key
+/// years ahead or forgetting them.
 #[tokio::test]
 #[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
-async fn a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh() {
-    let test = "a_prefix_kept_across_a_change_of_bucket_width_starts_keys_afresh";
-    shared_redis(test).await;
+async fn a_prefix_kept_across_a_change_of_bucket_width_converts_the_counts() {
+    let test = "a_prefix_kept_across_a_change_of_bucket_width_converts_the_counts";
+    let mut conn = shared_redis(test).await;
     let prefix = unique_prefix(test);
-    // The old deploy: 100 ms buckets. Its slot numbers are 100 times those of
-    // the new deploy's 10 s buckets, under the same key.
+    // The old deploy: 100 ms buckets; the new one: 10 s buckets.
     let old = store(policy(5, Duration::from_secs(1), 10), &prefix);
     assert!(old.check_n(&"alice", 1).await.unwrap().is_allowed());
     let new = store(policy(5, Duration::from_secs(100), 10), &prefix);
-    let first = new.check_n(&"alice", 1).await.unwrap();
-    assert!(first.is_allowed(), "held years ahead: {first:?}");
     for _ in 0..4 {
-        assert!(new.check_n(&"alice", 1).await.unwrap().is_allowed());
+        let d = new.check_n(&"alice", 1).await.unwrap();
+        assert!(d.is_allowed(), "held years ahead: {d:?}");
     }
     let denied = new.check_n(&"alice", 1).await.unwrap();
-    assert_eq!(denied.outcome(), Outcome::Denied);
+    assert_eq!(denied.outcome(), Outcome::Denied, "the old unit counts");
     assert!(
         denied.retry_after().unwrap() <= Duration::from_secs(110),
         "{denied:?}"
     );
+
+    // A key written before keys recorded their width, with the old deploy's
+    // slot numbers: more than a window ahead, so it starts afresh.
+    let legacy = new.redis_key(&"bob");
+    let far = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        / 100)
+        .to_string();
+    let _: () = conn
+        .hset_multiple(&legacy, &[("t", far.as_str()), (far.as_str(), "5")])
+        .await
+        .unwrap();
+    let _: () = conn.pexpire(&legacy, 60_000).await.unwrap();
+    let d = new.check_n(&"bob", 5).await.unwrap();
+    assert!(d.is_allowed(), "held years ahead: {d:?}");
 }
 
 /// The default prefix keeps policies of other geometries apart, also when their

@@ -7,9 +7,15 @@
 //! own `TIME`, so instances whose clocks disagree still agree on the window.
 //!
 //! Each key is one hash, `prefix{key}`: the hash tag keeps a key's data in one
-//! Redis Cluster slot, its fields are slot numbers, and it expires by itself
-//! (`PEXPIRE`) once its units have left the window, so Redis memory tracks the
-//! keys active in the last window.
+//! Redis Cluster slot, and it expires by itself (`PEXPIRE`) once its units have
+//! left the window, so Redis memory tracks the keys active in the last window.
+//! Its fields: `t<width µs>:<buckets>`, the newest slot entered, named for
+//! the geometry the slots are numbered in; one field per slot number holding
+//! units; and `c`, the slot at which the key was last converted from another
+//! bucket width (after [`RedisStore::reconfigured`] changed the window or
+//! buckets; absent if never).
+//! The limit is in none of them (nor in the default prefix): it is the
+//! script's argument, so a change of limit keeps the counts as they are.
 //!
 //! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
@@ -233,6 +239,9 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
+/// One store's state. The connection, the breaker, the counters and the
+/// warnings' pace are shared with the stores it was reconfigured from or into
+/// (they are about Redis, not the policy); the deny cache is its own.
 struct Inner {
     policy: Policy,
     limit: u32,
@@ -240,17 +249,18 @@ struct Inner {
     width_us: u64,
     interpolated: bool,
     prefix: Vec<u8>,
-    conn: Connection,
+    conn: Arc<Connection>,
     check: Script,
     undo: Script,
     timeout: Duration,
     failure: FailurePolicy,
     closed_retry_after: Duration,
     deny_cache: Option<DenyCache>,
-    counters: Counters,
-    warnings: Every,
-    breaker: Option<Breaker>,
-    metrics: RedisMetrics,
+    deny_cache_capacity: usize,
+    counters: Arc<Counters>,
+    warnings: Arc<Every>,
+    breaker: Option<Arc<Breaker>>,
+    metrics: Arc<RedisMetrics>,
 }
 
 /// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
@@ -298,7 +308,7 @@ impl RedisStore {
     /// Counters since the store was built.
     pub fn stats(&self) -> RedisStoreStats {
         let c = &self.inner.counters;
-        let breaker = self.inner.breaker.as_ref();
+        let breaker = self.inner.breaker.as_deref();
         RedisStoreStats {
             decisions: c.decisions.load(Relaxed),
             round_trips: c.round_trips.load(Relaxed),
@@ -319,8 +329,112 @@ impl RedisStore {
     pub fn breaker_state(&self) -> BreakerState {
         self.inner
             .breaker
-            .as_ref()
+            .as_deref()
             .map_or(BreakerState::Off, Breaker::state)
+    }
+
+    /// A store that enforces `policy` from now on over this store's counts in
+    /// Redis (see [`Store::reconfigured`]), for a change of tier or of limits
+    /// at run time without a restart.
+    ///
+    /// The new store uses the same keys (this store's prefix, whatever the
+    /// new policy's name), the same connection and circuit breaker, the same
+    /// timeout, failure policy and counters ([`stats`](RedisStore::stats)
+    /// goes on from this store's). Its deny cache is its own and starts empty:
+    /// a denial cached under the old limit must not outlive a raised one.
+    /// This store stays usable: a check in flight finishes under the old
+    /// policy, and its undos still give back what it counted (unless the new
+    /// store has checked the key meanwhile under another window or bucket
+    /// count: then they give nothing back, the safe side). Every decision is
+    /// still one round trip.
+    ///
+    /// A change of limit (or precision) keeps the counts as they are: raising
+    /// the limit gives room at once, lowering it denies until enough admitted
+    /// units have left the window. A change of window or bucket count is
+    /// applied to each key by its first check under the new policy, in the
+    /// same script run: at the same bucket width the buckets stand as they
+    /// are; at another width each old bucket's units move to the new bucket
+    /// holding the old one's last instant (at most the current one), so units
+    /// only ever move later in time, and those already out of the new window
+    /// are dropped. Either way the key's expiry then covers the longer of the
+    /// two windows.
+    ///
+    /// **Guarantee** (strict precision): after a change at time `c` from limit
+    /// `L1` over `W1` to `L2` over `W2`, every admission at `t ≥ c` is checked
+    /// against `L2` over the new window `(t − W2, t]`, counting all units
+    /// admitted after `c` and every unit admitted before `c` that was still
+    /// remembered at `c` (inside `(c − W1, c]`), each at a time no earlier
+    /// than its true one. Its limits: a key no check reaches from `c` until its
+    /// old expiry (one `W1` after its newest units) loses its units then, as
+    /// it would have without the change, so with `W2 > W1` an idle key's units
+    /// count for `W1` only; the usual exceptions of a store (a clock stepping
+    /// back, Redis losing the key) apply; and the keys are shared, so an
+    /// instance of the fleet still on the old geometry converts a key back at
+    /// its next check (conservatively, units moving later again): reconfigure
+    /// every instance.
+    ///
+    /// Errors as [`RedisStoreBuilder::build`] does for a policy the script
+    /// cannot decide exactly (a bucket below 1 µs, a window too long, an
+    /// interpolated limit too large).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let free = RedisStore::builder(
+    ///     Policy::per(100, Duration::from_secs(60))?,
+    ///     FailurePolicy::Open,
+    /// )
+    /// .url("redis://127.0.0.1:6379")
+    /// .build()?;
+    /// assert!(free.check_n(&"api-key-1", 1).await?.is_allowed());
+    ///
+    /// // The customer upgrades: 1 000 a minute from now on, counting the
+    /// // requests of the last minute.
+    /// let paid = free.reconfigured(Policy::per(1_000, Duration::from_secs(60))?)?;
+    /// assert_eq!(paid.redis_key(&"api-key-1"), free.redis_key(&"api-key-1"));
+    /// assert_eq!(paid.check_n(&"api-key-1", 1).await?.remaining(), 998);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigured(&self, policy: Policy) -> Result<RedisStore, ConfigError> {
+        let old = &self.inner;
+        let geometry = Geometry::of(&policy)?;
+        let metrics = if policy.name() == old.policy.name() {
+            old.metrics.clone()
+        } else {
+            // Under the new name; the breaker's past openings were reported
+            // under the old one.
+            let metrics = RedisMetrics::new(policy.name());
+            if let Some(breaker) = &old.breaker {
+                metrics.skip_opens(breaker.opens.load(Relaxed));
+            }
+            Arc::new(metrics)
+        };
+        let inner = Inner {
+            deny_cache: new_deny_cache(old.deny_cache_capacity, &policy),
+            deny_cache_capacity: old.deny_cache_capacity,
+            limit: policy.limit(),
+            buckets: geometry.buckets,
+            width_us: geometry.width_us,
+            interpolated: geometry.interpolated,
+            policy,
+            prefix: old.prefix.clone(),
+            conn: old.conn.clone(),
+            check: Script::new(CHECK_SCRIPT),
+            undo: Script::new(UNDO_SCRIPT),
+            timeout: old.timeout,
+            failure: old.failure,
+            closed_retry_after: old.closed_retry_after,
+            counters: old.counters.clone(),
+            warnings: old.warnings.clone(),
+            breaker: old.breaker.clone(),
+            metrics,
+        };
+        Ok(RedisStore {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The Redis key that holds `key`'s counts: `prefix{key}`.
@@ -439,13 +553,18 @@ impl RedisStoreBuilder {
     }
 
     /// Prefix of every Redis key (default
-    /// `tsw:<policy name>:<limit>:<window µs>:<buckets>:`, the window with three
+    /// `tsw:<policy name>:<window µs>:<buckets>:`, the window with three
     /// decimals when it is not a whole number of µs, so policies of other
-    /// limits or geometries never share a key; two layers whose policies differ
-    /// in none of these, say two routes on the default name, or a strict and an
-    /// interpolated policy, do share one: name them). It must not contain `{` or `}`: the key's hash tag follows it. A
-    /// custom prefix kept across a change of bucket width meets the old slots:
-    /// a key whose newest slot is more than a window ahead starts afresh.
+    /// geometries never share a key; two layers whose policies differ in none
+    /// of these, say two routes on the default name with other limits, or a
+    /// strict and an interpolated policy, do share one: name them). The limit
+    /// is not in it, so a store built afresh with another limit keeps the
+    /// counts; a [`reconfigured`](RedisStore::reconfigured) store keeps its
+    /// prefix whatever the new policy. It must not contain `{` or `}`: the
+    /// key's hash tag follows it. A custom prefix kept across a change of
+    /// bucket width meets the old slots: the key records its geometry (in
+    /// the name of its newest-slot field), and the first check under another
+    /// width converts its counts as [`RedisStore::reconfigured`] describes.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
         self
@@ -516,30 +635,8 @@ impl RedisStoreBuilder {
             return Err(ConfigError::ZeroCoolDown);
         }
         let policy = self.policy;
-        // Redis' TIME has microsecond resolution.
-        let resolution = Duration::from_micros(1);
-        if policy.bucket_width() < resolution {
-            return Err(ConfigError::BucketBelowClockResolution {
-                bucket: policy.bucket_width(),
-                resolution,
-            });
-        }
-        // Whole microseconds, rounded up: N buckets still cover the whole window.
-        let width_us = policy.bucket_nanos().div_ceil(1000);
-        let buckets = policy.buckets();
-        let span_us = width_us as u128 * (buckets as u128 + 1);
-        // Slot times are microseconds since 1970 (about 2^51 today) plus a span.
-        if span_us >= 1 << 52 {
-            let max_width_us = ((1u64 << 52) - 1) / (u64::from(buckets) + 1);
-            return Err(ConfigError::WindowTooLong {
-                window: policy.window(),
-                max: Duration::from_micros(max_width_us * u64::from(buckets)),
-            });
-        }
-        let interpolated = policy.precision() == Precision::Interpolated;
-        if interpolated && (policy.limit() as u128 + 1) * width_us as u128 >= LUA_EXACT {
-            return Err(ConfigError::InterpolationOutOfRange);
-        }
+        let geometry = Geometry::of(&policy)?;
+        let buckets = geometry.buckets;
         let prefix = match self.prefix {
             Some(prefix) => prefix,
             None => {
@@ -552,10 +649,11 @@ impl RedisStoreBuilder {
                 } else {
                     format!(".{sub_us:03}")
                 };
+                // Not the limit: a store built with another limit (an
+                // instance restarted after a change of tier) keeps the keys.
                 format!(
-                    "tsw:{}:{}:{}{}:{}:",
+                    "tsw:{}:{}{}:{}:",
                     policy.name(),
-                    policy.limit(),
                     window.as_micros(),
                     fraction,
                     buckets
@@ -598,30 +696,25 @@ impl RedisStoreBuilder {
             (None, Some(connection)) => connection,
             (None, None) => return Err(ConfigError::NoRedis),
         };
-        let metrics = RedisMetrics::new(policy.name());
+        let metrics = Arc::new(RedisMetrics::new(policy.name()));
         let inner = Arc::new(Inner {
-            deny_cache: (self.deny_cache_capacity > 0).then(|| {
-                DenyCache::new(
-                    self.deny_cache_capacity,
-                    policy.limit(),
-                    policy.window() + policy.bucket_width(),
-                )
-            }),
+            deny_cache: new_deny_cache(self.deny_cache_capacity, &policy),
+            deny_cache_capacity: self.deny_cache_capacity,
             limit: policy.limit(),
-            buckets,
-            width_us,
-            interpolated,
+            buckets: geometry.buckets,
+            width_us: geometry.width_us,
+            interpolated: geometry.interpolated,
             policy,
             prefix: prefix.into_bytes(),
-            conn,
+            conn: Arc::new(conn),
             check: Script::new(CHECK_SCRIPT),
             undo: Script::new(UNDO_SCRIPT),
             timeout: self.timeout,
             failure: self.failure,
             closed_retry_after: self.closed_retry_after,
-            counters: Counters::default(),
-            warnings: Every::new(WARN_INTERVAL),
-            breaker: Breaker::new(self.breaker),
+            counters: Arc::default(),
+            warnings: Arc::new(Every::new(WARN_INTERVAL)),
+            breaker: Breaker::new(self.breaker).map(Arc::new),
             metrics,
         });
         let store = RedisStore { inner };
@@ -633,6 +726,60 @@ impl RedisStoreBuilder {
         });
         Ok(store)
     }
+}
+
+/// How a policy's buckets are numbered in Redis, validated.
+struct Geometry {
+    /// The bucket width in whole microseconds, rounded up: N buckets still
+    /// cover the whole window.
+    width_us: u64,
+    buckets: u32,
+    interpolated: bool,
+}
+
+impl Geometry {
+    /// The geometry of `policy`, if the script can decide it exactly.
+    fn of(policy: &Policy) -> Result<Geometry, ConfigError> {
+        // Redis' TIME has microsecond resolution.
+        let resolution = Duration::from_micros(1);
+        if policy.bucket_width() < resolution {
+            return Err(ConfigError::BucketBelowClockResolution {
+                bucket: policy.bucket_width(),
+                resolution,
+            });
+        }
+        let width_us = policy.bucket_nanos().div_ceil(1000);
+        let buckets = policy.buckets();
+        let span_us = width_us as u128 * (buckets as u128 + 1);
+        // Slot times are microseconds since 1970 (about 2^51 today) plus a span.
+        if span_us >= 1 << 52 {
+            let max_width_us = ((1u64 << 52) - 1) / (u64::from(buckets) + 1);
+            return Err(ConfigError::WindowTooLong {
+                window: policy.window(),
+                max: Duration::from_micros(max_width_us * u64::from(buckets)),
+            });
+        }
+        let interpolated = policy.precision() == Precision::Interpolated;
+        if interpolated && (policy.limit() as u128 + 1) * width_us as u128 >= LUA_EXACT {
+            return Err(ConfigError::InterpolationOutOfRange);
+        }
+        Ok(Geometry {
+            width_us,
+            buckets,
+            interpolated,
+        })
+    }
+}
+
+/// A deny cache for `policy` (`None` for capacity 0).
+fn new_deny_cache(capacity: usize, policy: &Policy) -> Option<DenyCache> {
+    (capacity > 0).then(|| {
+        DenyCache::new(
+            capacity,
+            policy.limit(),
+            policy.window() + policy.bucket_width(),
+        )
+    })
 }
 
 /// An async `redis` crate connection a [`RedisStore`] can decide over, given to
@@ -970,7 +1117,7 @@ impl Inner {
     ) -> Result<Decision, StoreError> {
         // Dropped with the future before Redis answers, it lets the next decision probe.
         let probe = probe
-            .then(|| self.breaker.as_ref().map(Probe::new))
+            .then(|| self.breaker.as_deref().map(Probe::new))
             .flatten();
         let sent = Instant::now();
         let generation = self.deny_cache.as_ref().map(|c| c.generation(&user));
@@ -1069,7 +1216,7 @@ impl Inner {
                 failures,
                 timeouts = self.counters.timeouts.load(Relaxed),
                 failed_open = self.counters.failed_open.load(Relaxed),
-                breaker = ?self.breaker.as_ref().map_or(BreakerState::Off, Breaker::state),
+                breaker = ?self.breaker.as_deref().map_or(BreakerState::Off, Breaker::state),
                 policy = ?self.failure,
                 kind = ?error.kind(),
                 "Redis could not decide: {error}"
@@ -1107,7 +1254,12 @@ impl Inner {
     async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32) {
         bump(&self.counters.undos);
         let mut invocation = self.undo.prepare_invoke();
-        invocation.key(self.full_key(&user)).arg(slot).arg(cost);
+        invocation
+            .key(self.full_key(&user))
+            .arg(slot)
+            .arg(cost)
+            .arg(self.width_us)
+            .arg(self.buckets);
         match self.invoke::<i64>(&invocation).await {
             Ok(_) => self.redis_answered(None),
             Err(failure) => {
@@ -1133,7 +1285,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         if let Some(d) = inner.local_answer(&user, cost) {
             return RedisFuture::ready(Ok(d));
         }
-        let probe = match inner.breaker.as_ref().map(|b| (b, b.admit(true))) {
+        let probe = match inner.breaker.as_deref().map(|b| (b, b.admit(true))) {
             None | Some((_, Admit::Ask)) => false,
             Some((_, Admit::Probe)) => {
                 inner.breaker_changed();
@@ -1158,7 +1310,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         key.write_redis_key(&mut user);
         let answer = match inner.local_answer(&user, cost) {
             Some(d) => Ok(d),
-            None => match inner.breaker.as_ref().map(|b| (b, b.admit(false))) {
+            None => match inner.breaker.as_deref().map(|b| (b, b.admit(false))) {
                 Some((breaker, Admit::Refuse { remaining })) => {
                     inner.breaker_answer(breaker, remaining)
                 }
@@ -1194,6 +1346,11 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
 
     fn policy(&self) -> &Policy {
         &self.inner.policy
+    }
+
+    /// See [`RedisStore::reconfigured`].
+    fn reconfigured(&self, policy: Policy) -> Result<Self, ConfigError> {
+        RedisStore::reconfigured(self, policy)
     }
 }
 

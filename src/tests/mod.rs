@@ -8,7 +8,12 @@ mod layer_hooks;
 mod limiter_model;
 mod reconfigure_model;
 #[cfg(feature = "redis")]
+mod redis_reconfigured;
+#[cfg(feature = "redis")]
 mod redis_script;
+#[cfg(feature = "redis")]
+#[path = "../../tests/redis_support/mod.rs"]
+mod redis_support;
 mod stress;
 mod wait;
 mod wait_model_prop;

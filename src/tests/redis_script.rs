@@ -5,12 +5,9 @@
 //! Redis (`REDIS_URL`, default 127.0.0.1:6379), so the tests are `#[ignore]`d:
 //! run them with `-- --include-ignored` where one answers.
 
-#[path = "../../tests/redis_support/mod.rs"]
-mod redis_support;
-
+use super::redis_support::*;
 use crate::{FailurePolicy, Limiter, ManualClock, Policy, Precision, RedisStore, Store};
 use ::redis::AsyncCommands;
-use redis_support::*;
 use std::time::Duration;
 
 fn policy(limit: u32, window: Duration, buckets: u32) -> Policy {
