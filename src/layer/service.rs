@@ -170,10 +170,9 @@ where
 /// Decide `req` by `policies` now, or in the response future for a store
 /// that answers later; then forward or reject it, returning from the
 /// function it is expanded in. A macro rather than a function: a request
-/// passed by value, even to an inlined function, was copied once more on
-/// every call (about 35 instructions per request, callgrind `profile
-/// layer-ours`). Expanded where the type parameters are named `S`, `Req`,
-/// `X`, `St` and `M`.
+/// passed by value, even to an inlined function, is copied once more on
+/// every call. Expanded where the type parameters are named `S`, `Req`, `X`,
+/// `St` and `M`.
 macro_rules! decide_now {
     ($layer:expr, $policies:expr, $inner:expr, $req:ident, $key:ident, $cost:ident) => {{
         let layer: &Arc<Shared<X, St, M>> = $layer;
