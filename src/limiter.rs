@@ -905,7 +905,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
     /// Inline: into [`Limiter::check_n`], so the handle's geometry is read at
     /// an offset from the handle, not kept as one more pointer through the
-    /// check (which cost about 12 instructions a check in callgrind).
+    /// check.
     #[inline]
     fn check_n(&self, g: &Geometry, key: &K, cost: u32) -> Decision {
         let now = self.now();
