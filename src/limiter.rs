@@ -202,12 +202,12 @@ const OVERFLOW_MARKS: usize = 1024;
 /// still in its window; that copy over-counts (the other keys' units too) for at
 /// most one window.
 ///
-/// **Memory:** about 262 bytes of heap per tracked key with the default 15
-/// buckets (254 MiB for 1M keys), and a few MiB for an empty limiter at a cap
+/// **Memory:** about 246 bytes of heap per tracked key with the default 15
+/// buckets (239 MiB for 1M keys), and a few MiB for an empty limiter at a cap
 /// of 1M (a collector per partition). A dropped key's memory goes back to the
 /// allocator at once; whether the process's RSS falls is the allocator's
 /// choice. glibc's malloc keeps freed small blocks for reuse, so RSS stays at
-/// its high-water mark (about `max_keys` × 270 bytes after a flood that fills
+/// its high-water mark (about `max_keys` × 255 bytes after a flood that fills
 /// the cap); an allocator that returns memory (mimalloc, jemalloc) gives most
 /// of it back after a delay. The [memory guide](crate::guide::memory) has
 /// figures and what we recommend.
