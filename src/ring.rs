@@ -309,7 +309,15 @@ impl Ring {
 
     #[inline(always)]
     fn bucket(&self, g: &Geometry, slot: u64) -> &AtomicU64 {
-        &self.buckets()[g.position(slot)]
+        // The geometry the ring was made with says where its buckets are, so
+        // a check reads neither `len` nor `boxed` (nor their cache line).
+        debug_assert_eq!(self.buckets().len() as u64, g.len);
+        let p = g.position(slot);
+        if g.len as usize <= INLINE_BUCKETS {
+            &self.inline[p]
+        } else {
+            &self.buckets()[p]
+        }
     }
 
     #[inline(always)]
