@@ -106,20 +106,28 @@ const PARTITION_SHIFT: u32 = 48;
 /// created one after another sit side by side on the heap. Without the gap the
 /// last buckets of one ring and the key and first words of the next could share
 /// a cache line, and two threads checking two such keys would take turns owning
-/// it (false sharing), slower together than one alone. 56 bytes, plus the 8 or
-/// more any allocator adds to a block (a header, or the rounding up to a size
-/// class), keep two rings' live words a cache line apart.
+/// it (false sharing), slower together than one alone. What keeps them apart
+/// is the 56 bytes no check writes between the ring's last bucket and the next
+/// entry's key, whatever the allocator: the ring's own last 24 (its length and
+/// the pointer a ring of more than 16 buckets uses, written only when it is
+/// made), these 24, and the hash the next entry keeps before its key (never
+/// read by a check). So a word a check writes and a word another key's check
+/// reads or writes are always at least 64 bytes apart. Most allocators add 8 or
+/// more bytes to a block (a header, or the rounding up to a size class) on top.
 #[repr(C)]
 struct Spaced {
     ring: Ring,
-    _gap: [u8; 56],
+    _gap: [u8; GAP],
 }
+
+/// See `Spaced`.
+const GAP: usize = 24;
 
 impl Spaced {
     fn new(ring: Ring) -> Spaced {
         Spaced {
             ring,
-            _gap: [0; 56],
+            _gap: [0; GAP],
         }
     }
 }
@@ -194,12 +202,12 @@ const OVERFLOW_MARKS: usize = 1024;
 /// still in its window; that copy over-counts (the other keys' units too) for at
 /// most one window.
 ///
-/// **Memory:** about 262 bytes of heap per tracked key with the default 15
-/// buckets (254 MiB for 1M keys), and a few MiB for an empty limiter at a cap
+/// **Memory:** about 246 bytes of heap per tracked key with the default 15
+/// buckets (239 MiB for 1M keys), and a few MiB for an empty limiter at a cap
 /// of 1M (a collector per partition). A dropped key's memory goes back to the
 /// allocator at once; whether the process's RSS falls is the allocator's
 /// choice. glibc's malloc keeps freed small blocks for reuse, so RSS stays at
-/// its high-water mark (about `max_keys` × 270 bytes after a flood that fills
+/// its high-water mark (about `max_keys` × 255 bytes after a flood that fills
 /// the cap); an allocator that returns memory (mimalloc, jemalloc) gives most
 /// of it back after a delay. The [memory guide](crate::guide::memory) has
 /// figures and what we recommend.
@@ -1300,29 +1308,46 @@ mod tests {
     #[test]
     fn rings_created_one_after_another_share_no_cache_line() {
         // Where the allocator puts papaya's entries is its business, so this
-        // checks the outcome: the words checks touch (the u64 key papaya keeps
-        // before the value, then the ring) of no two keys on one 64-byte line.
+        // checks the outcome: no 64-byte line holds a word a check writes (the
+        // ring's first `Ring::WRITTEN` bytes) of one key and a word a check
+        // reads or writes (the u64 key papaya keeps before the value, then the
+        // ring) of another.
         let (l, _) = limiter(10, 1000);
         let keys = 0..64u64;
         for k in keys.clone() {
             let _ = l.check(&k);
         }
         let map = l.state.partitions[0].map.pin();
-        let mut live: Vec<(usize, usize)> = keys
-            .map(|k| {
-                let ring = &**map.get(&l.state.lookup(&k)).unwrap() as *const Ring as usize;
-                (ring - 8, ring + std::mem::size_of::<Ring>() - 1)
-            })
+        let mut rings: Vec<usize> = keys
+            .map(|k| &**map.get(&l.state.lookup(&k)).unwrap() as *const Ring as usize)
             .collect();
-        live.sort();
-        for pair in live.windows(2) {
+        rings.sort();
+        let lines = |from: usize, to: usize| from / 64..=(to - 1) / 64;
+        let written = |ring: usize| lines(ring, ring + Ring::WRITTEN);
+        let touched = |ring: usize| lines(ring - 8, ring + std::mem::size_of::<Ring>());
+        for pair in rings.windows(2) {
             let (first, next) = (pair[0], pair[1]);
-            assert_ne!(
-                first.1 / 64,
-                next.0 / 64,
-                "live words share a line: {pair:x?}"
+            assert!(
+                written(first).end() < touched(next).start()
+                    && touched(first).end() < written(next).start(),
+                "a written word shares a line with another key's words: {pair:x?}"
             );
         }
+    }
+
+    #[test]
+    #[cfg(not(tsw_loom))]
+    fn entries_keep_56_bytes_unwritten_between_rings_whatever_the_allocator() {
+        // From the end of one ring's last bucket to the next entry's key, with
+        // no allocator header and no rounding: the ring's read-only tail, the
+        // gap, and the next entry's hash.
+        let tail = std::mem::size_of::<Ring>() - Ring::WRITTEN;
+        let between = tail + GAP + std::mem::size_of::<u64>();
+        assert!(between >= 56, "{between} bytes");
+        // The entry as papaya boxes it, for a u64 key: 208 bytes.
+        let entry = std::mem::size_of::<Hashed<u64>>() + std::mem::size_of::<Spaced>();
+        assert_eq!(entry, 208);
+        assert_eq!(std::mem::size_of::<Ring>(), 168);
     }
 
     #[test]

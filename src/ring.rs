@@ -212,11 +212,24 @@ enum Add {
 }
 
 /// One key's ring. See the module docs for the invariant.
+///
+/// `repr(C)`, in this order: the words checks write (`newest`, `base`, the
+/// buckets) first, then `len` and `boxed`, which are written once, when the
+/// ring is made, and only read after. In the map (see `Spaced` in
+/// `limiter.rs`) those last 24 bytes count toward the bytes that keep the
+/// next entry's key and words off the line of this ring's last bucket.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Ring {
     newest: AtomicU64,
     base: AtomicU64,
-    buckets: Buckets,
+    /// The buckets of a ring of up to [`INLINE_BUCKETS`] (the first `len`),
+    /// unused beyond.
+    inline: [AtomicU64; INLINE_BUCKETS],
+    /// Buckets in use in `inline` (0 when `boxed` holds them).
+    len: u8,
+    /// The buckets of a ring of more than [`INLINE_BUCKETS`].
+    boxed: Option<Box<[AtomicU64]>>,
 }
 
 /// Rings of up to this many buckets (the default policy's 16) keep them
@@ -224,14 +237,12 @@ pub(crate) struct Ring {
 /// allocation and one pointer hop less per key.
 const INLINE_BUCKETS: usize = 16;
 
-/// A ring's buckets: inline up to [`INLINE_BUCKETS`], boxed beyond.
-#[derive(Debug)]
-enum Buckets {
-    Inline(u8, [AtomicU64; INLINE_BUCKETS]),
-    Boxed(Box<[AtomicU64]>),
-}
-
 impl Ring {
+    /// The bytes at the start of a ring that checks write: `newest`, `base`
+    /// and the inline buckets. The rest is written only when the ring is made.
+    #[cfg(test)]
+    pub(crate) const WRITTEN: usize = std::mem::offset_of!(Ring, len);
+
     /// An empty ring entered at `now`.
     pub(crate) fn new(g: &Geometry, now: u64) -> Ring {
         Ring::at_slot(g, g.slot(now))
@@ -247,14 +258,13 @@ impl Ring {
                 0
             })
         };
+        let inline = len <= INLINE_BUCKETS;
         Ring {
             newest: AtomicU64::new(s),
             base: AtomicU64::new(pack(s, 0)),
-            buckets: if len <= INLINE_BUCKETS {
-                Buckets::Inline(len as u8, std::array::from_fn(bucket))
-            } else {
-                Buckets::Boxed((0..len).map(bucket).collect())
-            },
+            inline: std::array::from_fn(|p| if inline { bucket(p) } else { AtomicU64::new(0) }),
+            len: if inline { len as u8 } else { 0 },
+            boxed: (!inline).then(|| (0..len).map(bucket).collect()),
         }
     }
 
@@ -299,14 +309,22 @@ impl Ring {
 
     #[inline(always)]
     fn bucket(&self, g: &Geometry, slot: u64) -> &AtomicU64 {
-        &self.buckets()[g.position(slot)]
+        // The geometry the ring was made with says where its buckets are, so
+        // a check reads neither `len` nor `boxed` (nor their cache line).
+        debug_assert_eq!(self.buckets().len() as u64, g.len);
+        let p = g.position(slot);
+        if g.len as usize <= INLINE_BUCKETS {
+            &self.inline[p]
+        } else {
+            &self.buckets()[p]
+        }
     }
 
     #[inline(always)]
     fn buckets(&self) -> &[AtomicU64] {
-        match &self.buckets {
-            Buckets::Inline(len, buckets) => &buckets[..*len as usize],
-            Buckets::Boxed(buckets) => buckets,
+        match &self.boxed {
+            None => &self.inline[..self.len as usize],
+            Some(buckets) => buckets,
         }
     }
 
