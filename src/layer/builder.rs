@@ -234,6 +234,24 @@ impl<X: Keyed> SlidingWindowLayer<X> {
 }
 
 impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
+    /// Where counts live, and the builder of the other settings, which
+    /// `finish` takes.
+    fn take_stores(self) -> (S, SlidingWindowLayerBuilder<X, Unset, M>) {
+        let SlidingWindowLayerBuilder {
+            extractor,
+            stores,
+            mode,
+            settings,
+        } = self;
+        let rest = SlidingWindowLayerBuilder {
+            extractor,
+            stores: Unset,
+            mode,
+            settings,
+        };
+        (stores, rest)
+    }
+
     /// The same settings, with counts living in `stores`.
     fn with_stores<S2>(self, stores: S2) -> SlidingWindowLayerBuilder<X, S2, M> {
         SlidingWindowLayerBuilder {
@@ -757,12 +775,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
         C: Clock,
         M: ModeConfig,
     {
-        let SlidingWindowLayerBuilder {
-            extractor,
-            stores,
-            mode,
-            settings,
-        } = self;
+        let (stores, builder) = self.take_stores();
         let InMemory {
             policies,
             tiers,
@@ -771,7 +784,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
             hold,
             sweep,
         } = stores;
-        let waits = !settings.dry_run && hold != Hold::Reject;
+        let waits = !builder.settings.dry_run && hold != Hold::Reject;
         let make = move |policy: &Policy, waits: bool| {
             let limiter = Limiter::builder(policy.clone())
                 .clock(clock(policy, waits))
@@ -797,12 +810,6 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
             }
             // A layer of tiers never waits (checked in `finish`).
             Some(tiers) => Counts::Tiers(tiers, Box::new(move |_, policy| make(policy, false))),
-        };
-        let builder = SlidingWindowLayerBuilder {
-            extractor,
-            stores: Unset,
-            mode,
-            settings,
         };
         builder.finish(counts, hold, Some(as_local::<KeyOf<X>, C>))
     }
@@ -840,18 +847,7 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, Stores<St>, 
     where
         M: ModeConfig,
     {
-        let SlidingWindowLayerBuilder {
-            extractor,
-            stores,
-            mode,
-            settings,
-        } = self;
-        let builder = SlidingWindowLayerBuilder {
-            extractor,
-            stores: Unset,
-            mode,
-            settings,
-        };
+        let (stores, builder) = self.take_stores();
         builder.finish(Counts::Policies(stores.stores), Hold::Reject, None)
     }
 }
@@ -867,18 +863,7 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, TieredStores
     where
         M: ModeConfig,
     {
-        let SlidingWindowLayerBuilder {
-            extractor,
-            stores,
-            mode,
-            settings,
-        } = self;
-        let builder = SlidingWindowLayerBuilder {
-            extractor,
-            stores: Unset,
-            mode,
-            settings,
-        };
+        let (stores, builder) = self.take_stores();
         let counts = Counts::Tiers(stores.tiers, stores.factory);
         builder.finish(counts, Hold::Reject, None)
     }
@@ -893,18 +878,7 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M: ModeConfig> SlidingWindowLayerBuilder<X, 
         config: crate::wait::WaitConfig,
         local: AsLocal<St, KeyOf<X>>,
     ) -> Result<SlidingWindowLayer<X, St, M>, ConfigError> {
-        let SlidingWindowLayerBuilder {
-            extractor,
-            stores,
-            mode,
-            settings,
-        } = self;
-        let builder = SlidingWindowLayerBuilder {
-            extractor,
-            stores: Unset,
-            mode,
-            settings,
-        };
+        let (stores, builder) = self.take_stores();
         builder.finish(
             Counts::Policies(stores.stores),
             Hold::Wait(config),
