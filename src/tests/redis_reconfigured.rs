@@ -4,32 +4,13 @@
 //! sequences of checks and changes. The tests are `#[ignore]`d like those of
 //! `redis_script`: run them with `-- --include-ignored` where Redis answers.
 
+use super::redis_script::{policy, store};
 use super::redis_support::*;
-use crate::{FailurePolicy, Policy, RedisStore, Store};
+use crate::{Policy, Store};
 use ::redis::AsyncCommands;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::time::Duration;
-
-fn policy(limit: u32, window: Duration, buckets: u32) -> Policy {
-    Policy::builder()
-        .limit(limit)
-        .window(window)
-        .buckets(buckets)
-        .build()
-        .unwrap()
-}
-
-/// A store on its own connection to the shared Redis, under a prefix of its own.
-fn store(policy: Policy, test: &str) -> RedisStore {
-    RedisStore::builder(policy, FailurePolicy::Closed)
-        .url(&redis_url())
-        // Generous: these tests check semantics, not latency, on a shared machine.
-        .timeout(Duration::from_secs(2))
-        .prefix(unique_prefix(test))
-        .build()
-        .unwrap()
-}
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -50,7 +31,7 @@ async fn counted(conn: &mut ::redis::aio::MultiplexedConnection, key: &[u8]) -> 
 async fn a_reconfigured_store_keeps_the_keys_and_rejects_what_build_rejects() {
     let old = store(
         policy(5, Duration::from_secs(10), 10),
-        "a_reconfigured_store_keeps_the_keys_and_rejects_what_build_rejects",
+        &unique_prefix("a_reconfigured_store_keeps_the_keys_and_rejects_what_build_rejects"),
     );
     let renamed = Policy::builder()
         .limit(50)
@@ -83,7 +64,7 @@ async fn newest_field(conn: &mut ::redis::aio::MultiplexedConnection, key: &[u8]
 async fn a_raised_limit_gives_room_at_once_over_the_same_counts() {
     let test = "a_raised_limit_gives_room_at_once_over_the_same_counts";
     shared_redis(test).await;
-    let old = store(policy(3, Duration::from_secs(30), 10), test);
+    let old = store(policy(3, Duration::from_secs(30), 10), &unique_prefix(test));
     let at = secs(1_000.0);
     for _ in 0..3 {
         assert!(old.check_at(&"k", 1, at).await.unwrap().is_allowed());
@@ -109,7 +90,10 @@ async fn a_denial_cached_under_the_old_limit_does_not_outlive_a_raised_one() {
     let test = "a_denial_cached_under_the_old_limit_does_not_outlive_a_raised_one";
     shared_redis(test).await;
     // A window far longer than the test: nothing leaves it meanwhile.
-    let old = store(policy(2, Duration::from_secs(600), 10), test);
+    let old = store(
+        policy(2, Duration::from_secs(600), 10),
+        &unique_prefix(test),
+    );
     assert!(old.check_n(&"k", 2).await.unwrap().is_allowed());
     assert!(!old.check_n(&"k", 1).await.unwrap().is_allowed());
     assert_eq!(old.stats().deny_cache_len, 1);
@@ -132,7 +116,7 @@ async fn a_lowered_limit_denies_until_the_units_already_admitted_leave_the_windo
     let test = "a_lowered_limit_denies_until_the_units_already_admitted_leave_the_window";
     shared_redis(test).await;
     // 10 buckets of 1 s.
-    let old = store(policy(5, Duration::from_secs(10), 10), test);
+    let old = store(policy(5, Duration::from_secs(10), 10), &unique_prefix(test));
     assert!(old
         .check_at(&"k", 4, secs(1_000.5))
         .await
@@ -173,7 +157,7 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
     let test = "a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier";
     let mut conn = shared_redis(test).await;
     // 10 buckets of 1 s, then 4 buckets of 5 s (a longer window).
-    let old = store(policy(4, Duration::from_secs(10), 10), test);
+    let old = store(policy(4, Duration::from_secs(10), 10), &unique_prefix(test));
     let key = old.redis_key(&"k");
     assert!(old
         .check_at(&"k", 3, secs(1_000.5))
@@ -230,7 +214,7 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
         .is_allowed());
 
     // Units already out of the new window are dropped with their slots.
-    let a = store(policy(3, Duration::from_secs(60), 6), test);
+    let a = store(policy(3, Duration::from_secs(60), 6), &unique_prefix(test));
     assert!(a
         .check_at(&"k", 3, secs(1_000.0))
         .await
@@ -256,7 +240,7 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
 async fn more_buckets_of_the_same_width_keep_the_key_for_the_longer_window() {
     let test = "more_buckets_of_the_same_width_keep_the_key_for_the_longer_window";
     let mut conn = shared_redis(test).await;
-    let old = store(policy(2, Duration::from_secs(10), 10), test);
+    let old = store(policy(2, Duration::from_secs(10), 10), &unique_prefix(test));
     let key = old.redis_key(&"k");
     assert!(old
         .check_at(&"k", 2, secs(1_000.5))
@@ -296,7 +280,7 @@ async fn more_buckets_of_the_same_width_keep_the_key_for_the_longer_window() {
 async fn the_old_store_undoes_its_decisions_unless_their_key_changed_width() {
     let test = "the_old_store_undoes_its_decisions_unless_their_key_changed_width";
     let mut conn = shared_redis(test).await;
-    let old = store(policy(3, Duration::from_secs(30), 10), test);
+    let old = store(policy(3, Duration::from_secs(30), 10), &unique_prefix(test));
 
     // A change of limit: the old store's undo gives its units back to the
     // counts the new store decides over.
@@ -350,7 +334,7 @@ async fn the_old_store_undoes_its_decisions_unless_their_key_changed_width() {
 async fn a_key_without_a_width_is_read_in_the_stores_width() {
     let test = "a_key_without_a_width_is_read_in_the_stores_width";
     let mut conn = shared_redis(test).await;
-    let s = store(policy(3, Duration::from_secs(10), 10), test);
+    let s = store(policy(3, Duration::from_secs(10), 10), &unique_prefix(test));
     let key = s.redis_key(&"k");
     let _: () = conn
         .hset_multiple(&key, &[("t", "1000"), ("1000", "2")])
@@ -417,7 +401,7 @@ async fn run_trace(first: (u32, u64, u32), ops: Vec<Op>) -> Result<(), TestCaseE
     };
     let mut current = make(first);
     let mut width_ms = first.1;
-    let mut s = store(current.clone(), test);
+    let mut s = store(current.clone(), &unique_prefix(test));
     let mut now = 1_000_000_000u64; // µs, well away from zero
     let mut units: [Vec<Unit>; 2] = [Vec::new(), Vec::new()];
     for (step, op) in ops.iter().enumerate() {

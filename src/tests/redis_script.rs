@@ -10,7 +10,8 @@ use crate::{FailurePolicy, Limiter, ManualClock, Policy, Precision, RedisStore, 
 use ::redis::AsyncCommands;
 use std::time::Duration;
 
-fn policy(limit: u32, window: Duration, buckets: u32) -> Policy {
+/// A strict policy of the default name (shared with `redis_reconfigured`).
+pub(super) fn policy(limit: u32, window: Duration, buckets: u32) -> Policy {
     Policy::builder()
         .limit(limit)
         .window(window)
@@ -20,7 +21,7 @@ fn policy(limit: u32, window: Duration, buckets: u32) -> Policy {
 }
 
 /// A store on its own connection to the shared Redis.
-fn store(policy: Policy, prefix: &str) -> RedisStore {
+pub(super) fn store(policy: Policy, prefix: &str) -> RedisStore {
     RedisStore::builder(policy, FailurePolicy::Closed)
         .url(&redis_url())
         // Generous: these tests check semantics, not latency, on a shared machine.
