@@ -52,6 +52,14 @@ fn by_tier() -> ByTier {
     tiered_key_fn(tier_and_user as fn(&Request<Body>) -> Option<(String, String)>)
 }
 
+/// A layer of `table()`, keyed by `by_tier()`, with the default settings.
+fn tiered_layer() -> SlidingWindowLayer<ByTier> {
+    SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .build()
+        .unwrap()
+}
+
 async fn app(layer: SlidingWindowLayer<ByTier>) -> SocketAddr {
     serve(
         Router::new()
@@ -94,10 +102,7 @@ fn header<'a>(response: &'a Response<Bytes>, name: &str) -> Option<&'a str> {
 
 #[tokio::test]
 async fn each_tier_has_its_own_limits_and_counts() {
-    let layer = SlidingWindowLayer::builder(by_tier())
-        .tiers(table())
-        .build()
-        .unwrap();
+    let layer = tiered_layer();
     let addr = app(layer.clone()).await;
 
     assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
@@ -123,10 +128,7 @@ async fn each_tier_has_its_own_limits_and_counts() {
 
 #[tokio::test]
 async fn headers_report_the_tiers_policy() {
-    let layer = SlidingWindowLayer::builder(by_tier())
-        .tiers(table())
-        .build()
-        .unwrap();
+    let layer = tiered_layer();
     let addr = app(layer).await;
     statuses(addr, "free", "ada", 2).await;
     let free = send(addr, "free", "ada").await;
@@ -151,10 +153,7 @@ async fn headers_report_the_tiers_policy() {
 
 #[tokio::test]
 async fn unlimited_tiers_pass_uncounted_and_denied_tiers_never_pass() {
-    let layer = SlidingWindowLayer::builder(by_tier())
-        .tiers(table())
-        .build()
-        .unwrap();
+    let layer = tiered_layer();
     let addr = app(layer).await;
 
     let internal = statuses(addr, "internal", "ci", 50).await;
@@ -177,10 +176,7 @@ async fn unlimited_tiers_pass_uncounted_and_denied_tiers_never_pass() {
 
 #[tokio::test]
 async fn a_tier_the_table_lacks_is_a_server_error_or_goes_to_the_fallback() {
-    let layer = SlidingWindowLayer::builder(by_tier())
-        .tiers(table())
-        .build()
-        .unwrap();
+    let layer = tiered_layer();
     let addr = app(layer.clone()).await;
     let unknown = send(addr, "platinum", "ada").await;
     assert_eq!(unknown.status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -223,10 +219,7 @@ async fn a_tier_the_table_lacks_is_a_server_error_or_goes_to_the_fallback() {
 
 #[tokio::test(start_paused = true)]
 async fn raising_a_limit_gives_room_at_once_and_lowering_it_waits_for_the_window() {
-    let layer = SlidingWindowLayer::builder(by_tier())
-        .tiers(table())
-        .build()
-        .unwrap();
+    let layer = tiered_layer();
     let addr = app(layer.clone()).await;
 
     assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
@@ -261,10 +254,7 @@ async fn raising_a_limit_gives_room_at_once_and_lowering_it_waits_for_the_window
 
 #[tokio::test(start_paused = true)]
 async fn a_new_window_carries_the_counts_over_no_earlier_than_they_happened() {
-    let layer = SlidingWindowLayer::builder(by_tier())
-        .tiers(table())
-        .build()
-        .unwrap();
+    let layer = tiered_layer();
     let addr = app(layer.clone()).await;
     // Two at 0 s, in the first 4 s bucket of "2/min".
     assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
@@ -288,10 +278,7 @@ async fn a_new_window_carries_the_counts_over_no_earlier_than_they_happened() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_table_keeps_counts_by_tier_and_policy_name() {
-    let layer = SlidingWindowLayer::builder(by_tier())
-        .tiers(table())
-        .build()
-        .unwrap();
+    let layer = tiered_layer();
     let addr = app(layer.clone()).await;
     assert_eq!(statuses(addr, "paid", "ada", 5).await, [200; 5]);
     assert_eq!(statuses(addr, "free", "ada", 2).await, [200; 2]);
