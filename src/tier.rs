@@ -114,6 +114,21 @@ impl Tiers {
     pub fn is_empty(&self) -> bool {
         self.tiers.is_empty()
     }
+
+    /// This table with tier `name` set to `limits` (replaced in place, or
+    /// added last), validated as the builder validates.
+    pub(crate) fn with_tier(&self, name: &str, limits: TierLimits) -> Result<Tiers, ConfigError> {
+        let mut builder = Tiers::builder();
+        let mut limits = Some(limits);
+        for (tier, current) in self.iter() {
+            let replaced = if tier == name { limits.take() } else { None };
+            builder = builder.tier(tier, replaced.unwrap_or_else(|| current.clone()));
+        }
+        if let Some(limits) = limits {
+            builder = builder.tier(name, limits);
+        }
+        builder.build()
+    }
 }
 
 /// Builder for [`Tiers`]; [`build`](TiersBuilder::build) validates.

@@ -212,11 +212,7 @@ impl<St> TierState<St> {
     where
         St: Store<K>,
     {
-        let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
-        let old = self.table.load_full();
-        let table = build_table(tiers, Some(&old), &self.factory, self.fallback.as_deref())?;
-        self.table.store(Arc::new(table));
-        Ok(())
+        self.change(|_| Ok(tiers.clone()))
     }
 
     /// Replace one tier (or add it), keeping the others.
@@ -224,22 +220,21 @@ impl<St> TierState<St> {
     where
         St: Store<K>,
     {
+        self.change(|current| current.with_tier(name, limits))
+    }
+
+    /// Swap in the table `next` makes of the one in force, one change at a
+    /// time (each builds on the table the last one left).
+    fn change<K>(
+        &self,
+        next: impl FnOnce(&Tiers) -> Result<Tiers, ConfigError>,
+    ) -> Result<(), ConfigError>
+    where
+        St: Store<K>,
+    {
         let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
         let old = self.table.load_full();
-        let mut builder = Tiers::builder();
-        let mut found = false;
-        for (tier, current) in old.config.iter() {
-            if tier == name {
-                found = true;
-                builder = builder.tier(tier, limits.clone());
-            } else {
-                builder = builder.tier(tier, current.clone());
-            }
-        }
-        if !found {
-            builder = builder.tier(name, limits);
-        }
-        let tiers = builder.build()?;
+        let tiers = next(&old.config)?;
         let table = build_table(&tiers, Some(&old), &self.factory, self.fallback.as_deref())?;
         self.table.store(Arc::new(table));
         Ok(())
