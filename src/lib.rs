@@ -118,7 +118,9 @@
 //! | `serde` | off | [`Policy`] and [`Tiers`] deserialize from configuration (TOML, YAML, JSON, ...) |
 //! | `metrics` | off | decision counters, tracked keys, wait times and Redis round trips through the `metrics` facade ([guide](guide::observability)) |
 
-#![forbid(unsafe_code)]
+// One `unsafe` block in the crate: the call that hands freed table memory
+// back to glibc's malloc (`trim.rs`), with its SAFETY note and its test.
+#![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -131,6 +133,7 @@ pub mod layer;
 mod limiter;
 mod log;
 mod metrics;
+mod partition;
 mod policy;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -139,7 +142,9 @@ mod ring;
 mod stats;
 pub mod store;
 mod sync;
+mod table;
 mod tier;
+mod trim;
 pub mod wait;
 
 #[cfg(all(test, not(tsw_loom)))]

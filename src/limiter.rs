@@ -1,171 +1,41 @@
-//! The keyed limiter: a concurrent map from key to [`Ring`], with idle keys
-//! evicted on the request path and a hard cap on how many keys are tracked.
+//! The keyed limiter: a map from key to [`Ring`](crate::ring::Ring), cut
+//! into partitions of inline tables, with idle keys evicted on the request
+//! path and a hard cap on how many keys are tracked.
 
 use crate::clock::{saturating_nanos, AutoClock, Clock};
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::metrics::LimiterMetrics;
+use crate::partition::{Partition, Slot, Writing};
 use crate::policy::Policy;
-use crate::ring::{Geometry, Ring, WindowSnapshot};
+use crate::ring::{peek_empty, Compact, Geometry, Head, OwnedRing, Ring, Wide, WindowSnapshot};
 use crate::stats::{Counters, KeyUsage, LimiterStats};
+use crate::trim;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::{Interval, MissedTickBehavior};
 
 type Hasher = foldhash::fast::RandomState;
-/// Key -> ring. Lock-free reads: a check takes no lock, and idle rings are
-/// retired (see `ring.rs`) before they leave the map, so no lock is needed to
-/// drop them either.
-type Map<K> = papaya::HashMap<Hashed<K>, Spaced, StoredHash>;
 
-/// A key as the map keeps it, with its hash. A check hashes its key once: the
-/// hash picks the partition (bits 48..56), the overflow mark (bits 32..42) and,
-/// passed on unchanged, the map's slot (the low bits) and tag (the top 7).
-/// `repr(C)`: the key last, next to the ring, as the only word of it a check
-/// reads (see `Spaced`).
-#[repr(C)]
-struct Hashed<K> {
-    hash: u64,
-    key: K,
-}
-
-impl<K> Hash for Hashed<K> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
-impl<K: PartialEq> PartialEq for Hashed<K> {
-    fn eq(&self, other: &Self) -> bool {
-        self.key == other.key
-    }
-}
-
-impl<K: Eq> Eq for Hashed<K> {}
-
-/// A key to look up, with its hash.
+/// A key to look up, with its hash. A check hashes its key once: the hash
+/// picks the partition (bits 48..56), the overflow mark (bits 32..42), the
+/// key's home slot in the partition's table (the low 32 bits) and its control
+/// byte there (the top 7).
 struct Lookup<'k, K> {
     hash: u64,
     key: &'k K,
 }
 
-impl<K> Hash for Lookup<'_, K> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
-impl<K: Eq> papaya::Equivalent<Hashed<K>> for Lookup<'_, K> {
-    fn equivalent(&self, stored: &Hashed<K>) -> bool {
-        *self.key == stored.key
-    }
-}
-
-/// The map's hasher: the hash a key was stored or looked up with, as it is.
-#[derive(Clone, Copy, Default)]
-struct StoredHash;
-
-impl BuildHasher for StoredHash {
-    type Hasher = PassOn;
-
-    fn build_hasher(&self) -> PassOn {
-        PassOn(0)
-    }
-}
-
-/// Hashes only `Hashed` and `Lookup`, which write their hash as one `u64`.
-struct PassOn(u64);
-
-impl std::hash::Hasher for PassOn {
-    fn write(&mut self, bytes: &[u8]) {
-        // Not reached (see above); folds bytes in rather than panic.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Where the partition index starts in a key's hash: clear of the bits the
-/// map uses (its slot, from the low bits, and its tag, from the top 7).
+/// Where the partition index starts in a key's hash (see `Lookup`).
 const PARTITION_SHIFT: u32 = 48;
-
-/// A ring as the map keeps it: followed by bytes no check touches.
-///
-/// papaya boxes each entry (the key, then the value) on its own, and entries
-/// created one after another sit side by side on the heap. Without the gap the
-/// last buckets of one ring and the key and first words of the next could share
-/// a cache line, and two threads checking two such keys would take turns owning
-/// it (false sharing), slower together than one alone. What keeps them apart
-/// is the 56 bytes no check writes between the ring's last bucket and the next
-/// entry's key, whatever the allocator: the ring's own last 24 (its length and
-/// the pointer a ring of more than 16 buckets uses, written only when it is
-/// made), these 24, and the hash the next entry keeps before its key (never
-/// read by a check). So a word a check writes and a word another key's check
-/// reads or writes are always at least 64 bytes apart. Most allocators add 8 or
-/// more bytes to a block (a header, or the rounding up to a size class) on top.
-#[repr(C)]
-struct Spaced {
-    ring: Ring,
-    _gap: [u8; GAP],
-}
-
-/// See `Spaced`.
-const GAP: usize = 24;
-
-impl Spaced {
-    fn new(ring: Ring) -> Spaced {
-        Spaced {
-            ring,
-            _gap: [0; GAP],
-        }
-    }
-}
-
-impl std::ops::Deref for Spaced {
-    type Target = Ring;
-
-    #[inline(always)]
-    fn deref(&self) -> &Ring {
-        &self.ring
-    }
-}
-
-/// One partition of the keys: the unit one sweep step visits.
-struct Partition<K> {
-    map: Map<K>,
-    /// Held while a ring is created, and while a check admitted by the overflow
-    /// ring raises its key's overflow mark and looks for its key's own ring.
-    /// The creator reads the mark then inserts; the overflow check raises the
-    /// mark then looks: without the lock both could miss the other, and the key
-    /// would hold units in the overflow ring that its new ring does not count;
-    /// with the raise outside the lock both could see the other, and the units
-    /// would be counted twice in the key's ring (copied, then moved).
-    creating: Mutex<()>,
-}
-
-impl<K> Partition<K> {
-    fn creating(&self) -> MutexGuard<'_, ()> {
-        // The lock guards no data, so a poisoned one is as good as any.
-        self.creating.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// Entries per partition the map is sized for: one eviction step sweeps one
 /// partition, so this bounds the work a single request can be asked to do, up
 /// to `MAX_PARTITIONS` partitions (a cap of 1M keys). Beyond, a partition holds
-/// a 256th of the cap: each partition costs a collector (about 17 KB) even when
-/// empty, which a limiter pays up front.
+/// a 256th of the cap.
 const KEYS_PER_PARTITION: usize = 4096;
 const MAX_PARTITIONS: usize = 256;
 /// Groups of keys with their own overflow mark (8 KB per limiter). A key that
@@ -245,7 +115,7 @@ const OVERFLOW_MARKS: usize = 1024;
 /// assert!(limiter.check(&"10.0.0.1").is_allowed());
 /// ```
 pub struct Limiter<K, C = AutoClock> {
-    state: Arc<State<K, C>>,
+    state: Shared<K, C>,
     /// The policy this handle enforces, as the ring computes with it. Handles
     /// made by [`reconfigured`](Limiter::reconfigured) with the same window and
     /// buckets share `state` and differ only here (limit, precision, name), so a
@@ -258,6 +128,45 @@ pub struct Limiter<K, C = AutoClock> {
     sweeper: Option<Arc<Sweeper>>,
 }
 
+/// A limiter's state, in the layout its rings take: compact where the
+/// policy fits it (see `ring::layout`), else wide.
+enum Shared<K, C> {
+    Compact(Arc<State<K, C, Compact>>),
+    Wide(Arc<State<K, C, Wide>>),
+}
+
+impl<K, C> Clone for Shared<K, C> {
+    fn clone(&self) -> Self {
+        match self {
+            Shared::Compact(state) => Shared::Compact(Arc::clone(state)),
+            Shared::Wide(state) => Shared::Wide(Arc::clone(state)),
+        }
+    }
+}
+
+impl<K, C> From<Arc<State<K, C, Compact>>> for Shared<K, C> {
+    fn from(state: Arc<State<K, C, Compact>>) -> Self {
+        Shared::Compact(state)
+    }
+}
+
+impl<K, C> From<Arc<State<K, C, Wide>>> for Shared<K, C> {
+    fn from(state: Arc<State<K, C, Wide>>) -> Self {
+        Shared::Wide(state)
+    }
+}
+
+/// `$body` with `$state` bound to the state behind `$shared`, in whichever
+/// layout it is (the body is compiled once for each).
+macro_rules! with_state {
+    ($shared:expr, $state:ident => $body:expr) => {
+        match $shared {
+            Shared::Compact($state) => $body,
+            Shared::Wide($state) => $body,
+        }
+    };
+}
+
 /// Aborts the background sweeper task when dropped.
 struct Sweeper(AbortHandle);
 
@@ -267,8 +176,9 @@ impl Drop for Sweeper {
     }
 }
 
-/// A limiter's keys, rings and settings, behind the [`Limiter`] handle.
-struct State<K, C> {
+/// A limiter's keys, rings and settings, behind the [`Limiter`] handle, its
+/// rings in layout `H`.
+struct State<K, C, H: Head> {
     /// The window and buckets of every handle on this state (their limit and
     /// precision may differ: those are the handle's). Only the shape is read
     /// here: slots, spans, idleness. Decisions take the handle's geometry.
@@ -280,12 +190,12 @@ struct State<K, C> {
     /// change of window or buckets makes.
     sweep: Option<SweepPlan>,
     hasher: Hasher,
-    partitions: Box<[Partition<K>]>,
-    overflow: Ring,
+    partitions: Box<[Partition<K, H>]>,
+    overflow: OwnedRing<H>,
     /// The one ring of a key type with a single value (zero-sized: the global
     /// key `()`), kept outside the map: its check neither hashes nor looks up.
     /// Never swept, as there is no other key to make room for.
-    single: Option<Ring>,
+    single: Option<OwnedRing<H>>,
     max_keys: usize,
     keys: AtomicUsize,
     /// Start (in clock nanoseconds) of the slot at which the next sweep step is
@@ -301,10 +211,10 @@ struct State<K, C> {
     /// ranges never meet.)
     due_or_set_back: u64,
     sweep_cursor: AtomicUsize,
-    /// The newest clock reading any sweep judged idleness at. A ring created after
-    /// its key was evicted starts no earlier, so a check that read the clock before
-    /// the eviction (or a clock that stepped back) is never recorded in a span
-    /// beside the evicted units, which the new ring cannot see.
+    /// The newest clock reading any sweep (or rebuild) judged idleness at. A
+    /// ring created after its key was evicted starts no earlier, so a check that
+    /// read the clock before the eviction (or a clock that stepped back) is never
+    /// recorded in a span beside the evicted units, which the new ring cannot see.
     swept_at: AtomicU64,
     /// Per group of keys (by hash), the first slot at which every unit the
     /// overflow ring admitted for them has left the window. A key created before
@@ -320,7 +230,6 @@ struct State<K, C> {
     sweeper_rounds: AtomicU64,
 }
 
-/// The background sweeper's runtime and period.
 #[derive(Clone)]
 struct SweepPlan {
     runtime: tokio::runtime::Handle,
@@ -445,23 +354,67 @@ impl<C> LimiterBuilder<C> {
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        let geometry = Geometry::new(&self.policy);
-        let now = geometry.hold(self.clock.now_nanos());
-        let state = Arc::new(State::new(
-            geometry,
+        let (state, sweeper) = start(
+            Geometry::new(&self.policy),
             &self.policy,
             Arc::new(self.clock),
             self.max_keys,
             sweep,
-            now,
-        ));
-        let sweeper = state.spawn_sweeper(now);
+            None,
+        );
         Ok(Limiter {
             state,
-            geometry,
+            geometry: Geometry::new(&self.policy),
             policy: self.policy,
             sweeper,
         })
+    }
+}
+
+/// A new state for `geometry` in the layout it fits, holding the counts of
+/// `from` if given (carried over: see [`Limiter::reconfigured`]), and its
+/// sweeper if `sweep` asks for one.
+fn start<K, C>(
+    geometry: Geometry,
+    policy: &Policy,
+    clock: Arc<C>,
+    max_keys: usize,
+    sweep: Option<SweepPlan>,
+    from: Option<&Shared<K, C>>,
+) -> (Shared<K, C>, Option<Arc<Sweeper>>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    fn make<K, C, H>(
+        geometry: Geometry,
+        policy: &Policy,
+        clock: Arc<C>,
+        max_keys: usize,
+        sweep: Option<SweepPlan>,
+        from: Option<&Shared<K, C>>,
+    ) -> (Shared<K, C>, Option<Arc<Sweeper>>)
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+        C: Clock,
+        H: Head,
+        Shared<K, C>: From<Arc<State<K, C, H>>>,
+    {
+        let shape = geometry.for_head::<H>();
+        let reading = clock.now_nanos();
+        let now = shape.hold(reading);
+        let mut state = State::new(shape, policy, clock, max_keys, sweep, now);
+        if let Some(from) = from {
+            with_state!(from, old => state.carry_over(old, reading));
+        }
+        let state = Arc::new(state);
+        let sweeper = state.spawn_sweeper(now);
+        (state.into(), sweeper)
+    }
+    if geometry.fits_compact() {
+        make::<K, C, Compact>(geometry, policy, clock, max_keys, sweep, from)
+    } else {
+        make::<K, C, Wide>(geometry, policy, clock, max_keys, sweep, from)
     }
 }
 
@@ -477,8 +430,8 @@ fn check_resolution<C: Clock>(policy: &Policy, clock: &C) -> Result<(), ConfigEr
     Ok(())
 }
 
-impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
-    /// An empty state of `shape` (a policy's geometry) entered at `now`.
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C, H> {
+    /// An empty state of `shape` (a policy's geometry, for `H`) entered at `now`.
     fn new(
         shape: Geometry,
         policy: &Policy,
@@ -486,9 +439,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
         max_keys: usize,
         sweep: Option<SweepPlan>,
         now: u64,
-    ) -> State<K, C> {
+    ) -> State<K, C, H> {
         let next_sweep_at = next_slot_start(now, shape.width());
-        let single = (std::mem::size_of::<K>() == 0).then(|| Ring::new(&shape, now));
+        let single = (std::mem::size_of::<K>() == 0).then(|| OwnedRing::new(&shape, now));
         let partitions = if single.is_some() {
             1
         } else {
@@ -497,14 +450,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
                 .clamp(1, MAX_PARTITIONS)
         };
         State {
-            overflow: Ring::new(&shape, now),
+            overflow: OwnedRing::new(&shape, now),
             shape,
             hasher: Hasher::default(),
             partitions: (0..partitions)
-                .map(|_| Partition {
-                    map: Map::with_hasher(StoredHash),
-                    creating: Mutex::new(()),
-                })
+                .map(|_| Partition::new(shape.ring_len()))
                 .collect(),
             keys: AtomicUsize::new(single.is_some().into()),
             single,
@@ -560,29 +510,41 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
 /// yielding between them. It upgrades its `Weak` for one partition at a time,
 /// so it never holds the state while it waits, and returns once the state is
 /// gone.
-async fn sweep_idle<K, C>(state: Weak<State<K, C>>, mut rounds: Interval)
+async fn sweep_idle<K, C, H>(state: Weak<State<K, C, H>>, mut rounds: Interval)
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
+    H: Head,
 {
     loop {
         rounds.tick().await;
-        for p in 0.. {
+        let Some(partitions) = state.upgrade().map(|state| state.partitions.len()) else {
+            return;
+        };
+        for p in 0..partitions {
             let Some(state) = state.upgrade() else {
                 return;
             };
-            if p == state.partitions.len() {
+            // An empty partition costs nothing to skip.
+            let swept = !state.partitions[p].is_empty();
+            if swept {
+                state.sweep_partition(p, state.now());
+            }
+            let last = p + 1 == partitions;
+            if last {
                 #[cfg(feature = "metrics")]
                 let _ = state.stats(); // hands the counts to the metrics recorder
                 #[cfg(test)]
                 state.sweeper_rounds.fetch_add(1, SeqCst);
-                break;
             }
-            // An empty map costs nothing to skip (a sweep would still walk
-            // its table, which keeps the capacity its keys once needed).
-            if !state.partitions[p].map.is_empty() {
-                state.sweep_partition(p, state.now());
-                drop(state);
+            drop(state);
+            // Before yielding: the round's memory goes back as it ends.
+            trim::trim_if(if last {
+                trim::TRIM_AFTER_ROUND
+            } else {
+                trim::TRIM_AFTER
+            });
+            if swept {
                 tokio::task::yield_now().await;
             }
         }
@@ -626,7 +588,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// compare with differs. Raising the limit gives room at once; lowering it
     /// denies until the units already admitted leave the window. An undo on
     /// either limiter frees room for both. They share the stats, the sweeps
-    /// and the background sweeper, which ends with the last of them.
+    /// and the background sweeper, which ends with the last of them. One
+    /// exception: a limit raised past 65 535 from one at or below it needs
+    /// wider rings (see the [memory guide](crate::guide::memory)), so the
+    /// counts are carried as below.
     ///
     /// **Another window or bucket count:** the rings cannot be kept. Every
     /// key's counts still in the old window are carried into a new map at once
@@ -680,43 +645,40 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// assert!(!longer.check(&"user").is_allowed());
     /// ```
     pub fn reconfigured(&self, policy: Policy) -> Result<Limiter<K, C>, ConfigError> {
-        let state = &self.state;
-        check_resolution(&policy, &*state.clock)?;
+        let clock = with_state!(&self.state, state => Arc::clone(&state.clock));
+        check_resolution(&policy, &*clock)?;
         let geometry = Geometry::new(&policy);
-        if policy.window() == self.policy.window() && policy.buckets() == self.policy.buckets() {
+        let same_shape =
+            policy.window() == self.policy.window() && policy.buckets() == self.policy.buckets();
+        let rings_hold_it = match &self.state {
+            Shared::Compact(_) => geometry.fits_compact(),
+            Shared::Wide(_) => true,
+        };
+        if same_shape && rings_hold_it {
             // The same rings serve: only the limit (and precision, name) differ,
             // and those are the handle's.
             return Ok(Limiter {
-                state: Arc::clone(state),
+                state: self.state.clone(),
                 geometry,
                 policy,
                 sweeper: self.sweeper.clone(),
             });
         }
-        let sweep = state.sweep.as_ref().map(|plan| SweepPlan {
-            runtime: plan.runtime.clone(),
-            // A sweeper per bucket width follows the buckets.
-            every: if plan.every == self.policy.bucket_width() {
-                policy.bucket_width()
-            } else {
-                plan.every
-            },
+        let (sweep, max_keys) = with_state!(&self.state, state => {
+            let sweep = state.sweep.as_ref().map(|plan| SweepPlan {
+                runtime: plan.runtime.clone(),
+                // A sweeper per bucket width follows the buckets.
+                every: if plan.every == self.policy.bucket_width() {
+                    policy.bucket_width()
+                } else {
+                    plan.every
+                },
+            });
+            (sweep, state.max_keys)
         });
-        let reading = state.clock.now_nanos();
-        let now = geometry.hold(reading);
-        let mut carried = State::new(
-            geometry,
-            &policy,
-            Arc::clone(&state.clock),
-            state.max_keys,
-            sweep,
-            now,
-        );
-        carried.carry_over(state, reading);
-        let carried = Arc::new(carried);
-        let sweeper = carried.spawn_sweeper(now);
+        let (state, sweeper) = start(geometry, &policy, clock, max_keys, sweep, Some(&self.state));
         Ok(Limiter {
-            state: carried,
+            state,
             geometry,
             policy,
             sweeper,
@@ -724,29 +686,33 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     }
 }
 
-impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
-    /// Fill this new state (of another window or bucket count, not yet
-    /// shared) with `old`'s counts as of the clock's `reading`: see
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C, H> {
+    /// Fill this new state (of another window, bucket count or layout, not
+    /// yet shared) with `old`'s counts as of the clock's `reading`: see
     /// [`Limiter::reconfigured`].
     ///
     /// `old` may be in use meanwhile: its rings are only read (a plain read,
     /// as a copy of the overflow ring is), so a unit counted or undone there
     /// during the walk may or may not be carried. The new rings are seeded
     /// before this state is published, so they need no concurrency argument.
-    fn carry_over(&mut self, old: &State<K, C>, reading: u64) {
+    fn carry_over<H1: Head>(&mut self, old: &State<K, C, H1>, reading: u64) {
         let now = self.shape.hold(reading);
         let old_now = old.shape.hold(reading);
         let old_shape = &old.shape;
         // The same hashes: a key's overflow mark (picked by hash) then carries
-        // over to the same group, and the stored hashes serve as they are.
+        // over to the same group.
         self.hasher = old.hasher.clone();
         if let (Some(single), Some(old_single)) = (&mut self.single, &old.single) {
-            if let Some(ring) = carried(&self.shape, old_shape, old_single, old_now, now) {
-                *single = ring;
+            if let Some((s, counts)) =
+                carried(&self.shape, old_shape, old_single.ring(), old_now, now)
+            {
+                *single = OwnedRing::seeded(&self.shape, s, &counts);
             }
         }
-        if let Some(ring) = carried(&self.shape, old_shape, &old.overflow, old_now, now) {
-            self.overflow = ring;
+        if let Some((s, counts)) =
+            carried(&self.shape, old_shape, old.overflow.ring(), old_now, now)
+        {
+            self.overflow = OwnedRing::seeded(&self.shape, s, &counts);
             // The groups whose units the old overflow ring still holds: a key
             // of theirs created here starts as a copy of the new overflow
             // ring, which holds them no later than now.
@@ -762,32 +728,36 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> State<K, C> {
         self.swept_at.store(now.max(swept), SeqCst);
         let mut tracked = 0;
         for partition in old.partitions.iter() {
-            for (key, ring) in partition.map.pin().iter() {
-                let Some(ring) = carried(&self.shape, old_shape, ring, old_now, now) else {
-                    continue;
+            partition.for_each(|key, ring| {
+                let Some((s, counts)) = carried(&self.shape, old_shape, ring, old_now, now) else {
+                    return;
                 };
-                let key = Hashed {
-                    hash: key.hash,
-                    key: key.key.clone(),
-                };
-                let lookup = Lookup {
-                    hash: key.hash,
-                    key: &key.key,
-                };
-                let map = &self.partition(&lookup).map;
-                map.pin().insert(key, Spaced::new(ring));
-                tracked += 1;
-            }
+                let key = self.lookup(key);
+                let mut writing = self.partition(&key).write();
+                if writing.find(key.hash, key.key) == Slot::Absent {
+                    let init = (&self.shape, s, &counts[..]);
+                    // Every ring inserted here holds units: none is idle.
+                    let hasher = &self.hasher;
+                    writing.insert(key.hash, key.key.clone(), init, now, hasher, &self.swept_at);
+                    tracked += 1;
+                }
+            });
         }
         self.keys.fetch_add(tracked, Relaxed);
     }
 }
 
-/// `ring` (of shape `old`, read at `old_now`) carried into shape `g` at `now`:
-/// each old bucket's units at the new slot of its last instant, or of `now` if
-/// that is later; left out if that slot has left the span at `now`. `None` if
-/// nothing is left.
-fn carried(g: &Geometry, old: &Geometry, ring: &Ring, old_now: u64, now: u64) -> Option<Ring> {
+/// The counts of `ring` (of shape `old`, read at `old_now`) carried into
+/// shape `g` at `now`, as a slot and counts by age: each old bucket's units
+/// at the new slot of its last instant, or of `now` if that is later; left out
+/// if that slot has left the span at `now`. `None` if nothing is left.
+fn carried<H: Head>(
+    g: &Geometry,
+    old: &Geometry,
+    ring: Ring<'_, H>,
+    old_now: u64,
+    now: u64,
+) -> Option<(u64, Vec<u64>)> {
     let (old_slot, old_counts) = ring.counts_by_age(old, old_now);
     let s = g.slot(now);
     let mut counts = vec![0u64; g.span_slots() as usize];
@@ -804,10 +774,7 @@ fn carried(g: &Geometry, old: &Geometry, ring: &Ring, old_now: u64, now: u64) ->
             *c += units;
         }
     }
-    counts
-        .iter()
-        .any(|&c| c > 0)
-        .then(|| Ring::seeded(g, s, &counts))
+    counts.iter().any(|&c| c > 0).then_some((s, counts))
 }
 
 impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
@@ -822,7 +789,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// it can never pass, so it is not a wait.
     #[inline]
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
-        self.state.check_n(&self.geometry, key, cost)
+        with_state!(&self.state, state => state.check_n(&self.geometry, key, cost))
     }
 
     /// What `check_n(key, cost)` would decide now, without counting anything.
@@ -832,7 +799,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// room, track the key; `peek` changes nothing, so it reports what the
     /// overflow ring would decide.
     pub fn peek(&self, key: &K, cost: u32) -> Decision {
-        self.state.peek(&self.geometry, key, cost)
+        with_state!(&self.state, state => state.peek(&self.geometry, key, cost))
     }
 
     /// Give back the units an allowed `decision` for `key` counted: for a request
@@ -844,7 +811,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// count them (the safe side); so does a key's own ring that started as a
     /// copy of the overflow ring after an overflow decision it now undoes (the
     /// units go back to the overflow ring; the copy keeps them for up to a
-    /// window).
+    /// window), and a ring being moved to a rebuilt table as the undo runs.
     ///
     /// Undo a decision **once**, and only for the key it was made for. A
     /// [`Decision`] is a plain value (`Copy`) and carries no record of having been
@@ -852,7 +819,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// still hold, and then more than the limit can pass in a window (for an
     /// overflow decision, room other keys in the shared overflow ring hold).
     pub fn undo(&self, key: &K, decision: &Decision) {
-        self.state.undo(key, decision)
+        with_state!(&self.state, state => state.undo(key, decision))
     }
 
     /// The key's usage right now (nothing counted).
@@ -870,7 +837,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// the counts since the last flush to the recorder (as the limiter does
     /// once per bucket width).
     pub fn stats(&self) -> LimiterStats {
-        self.state.stats()
+        with_state!(&self.state, state => state.stats())
     }
 
     /// The policy this limiter enforces.
@@ -880,16 +847,18 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 
     /// The limiter's clock.
     pub fn clock(&self) -> &C {
-        self.state.clock()
+        with_state!(&self.state, state => &state.clock)
     }
 
     /// Sweep every partition for idle keys now, returning how many were
     /// dropped. Never needed for correctness (an idle key's ring counts
     /// nothing), and checks sweep by themselves; useful before reading stats,
     /// or to drop the keys a flood left on a schedule of your own (which
-    /// [`LimiterBuilder::sweep_idle`] does from a tokio task).
+    /// [`LimiterBuilder::sweep_idle`] does from a tokio task). A partition
+    /// left with few keys is rebuilt smaller, and the memory of its old table
+    /// goes back to the allocator in a few large blocks.
     pub fn evict_idle(&self) -> usize {
-        self.state.evict_idle()
+        with_state!(&self.state, state => state.evict_idle())
     }
 
     /// The key's window now, bucket by bucket, for the wait queue's forecast.
@@ -900,17 +869,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// as a copy) the overflow ring's window is the one its checks meet; else
     /// an empty window starting no earlier than the latest sweep.
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
-        self.state.window_snapshot(&self.geometry, key)
+        with_state!(&self.state, state => state.window_snapshot(&self.geometry, key))
     }
 
     /// True while an admitted `decision` was counted in the current bucket, so
     /// spending it now keeps the window guarantee for the instant it is spent.
     pub(crate) fn is_current(&self, decision: &Decision) -> bool {
-        self.state.is_current(decision)
+        with_state!(&self.state, state => state.is_current(decision))
     }
 }
 
-impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
+impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
     /// Inline: into [`Limiter::check_n`], so the handle's geometry is read at
     /// an offset from the handle, not kept as one more pointer through the
     /// check.
@@ -944,7 +913,7 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
         // Undo reads only the shape (the slot's age), not the limit.
         let g = &self.shape;
         if decision.overflow {
-            self.overflow.undo(g, decision);
+            self.overflow.ring().undo(g, decision);
         } else {
             self.with_ring(key, |ring| {
                 if let Ok(ring) = ring {
@@ -968,15 +937,13 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
         stats
     }
 
-    fn clock(&self) -> &C {
-        &self.clock
-    }
-
     fn evict_idle(&self) -> usize {
         let now = self.now();
-        (0..self.partitions.len())
+        let dropped = (0..self.partitions.len())
             .map(|p| self.sweep_partition(p, now))
-            .sum()
+            .sum();
+        trim::trim_if(trim::TRIM_AFTER_ROUND);
+        dropped
     }
 
     fn window_snapshot(&self, g: &Geometry, key: &K) -> WindowSnapshot {
@@ -988,7 +955,7 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
                 if self.keys.load(Relaxed) >= self.max_keys
                     || g.slot(start) < self.overflow_mark(key).load(SeqCst)
                 {
-                    self.overflow.counts_by_age(g, start)
+                    self.overflow.ring().counts_by_age(g, start)
                 } else {
                     (g.slot(start), vec![0; g.buckets() as usize + 1])
                 }
@@ -1014,25 +981,25 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
 
     /// The single ring, for a zero-sized key type (a constant `None` for others).
     #[inline(always)]
-    fn single(&self) -> Option<&Ring> {
+    fn single(&self) -> Option<Ring<'_, H>> {
         if std::mem::size_of::<K>() == 0 {
-            self.single.as_ref()
+            self.single.as_ref().map(OwnedRing::ring)
         } else {
             None
         }
     }
 
     /// Calls `f` with `key`'s ring, or without one, with the key to look up.
-    fn with_ring<R>(&self, key: &K, f: impl FnOnce(Result<&Ring, &Lookup<'_, K>>) -> R) -> R {
+    fn with_ring<R>(&self, key: &K, f: impl FnOnce(Result<Ring<'_, H>, &Lookup<'_, K>>) -> R) -> R {
         if let Some(ring) = self.single() {
             return f(Ok(ring));
         }
         let key = self.lookup(key);
-        let map = self.partition(&key).map.pin();
-        match map.get(&key) {
-            Some(ring) => f(Ok(ring)),
-            None => f(Err(&key)),
-        }
+        self.partition(&key)
+            .with_ring(key.hash, key.key, |ring| match ring {
+                Some(ring) => f(Ok(ring)),
+                None => f(Err(&key)),
+            })
     }
 
     /// `key` with its hash, to look up.
@@ -1044,7 +1011,8 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
         }
     }
 
-    fn partition(&self, key: &Lookup<'_, K>) -> &Partition<K> {
+    #[inline]
+    fn partition(&self, key: &Lookup<'_, K>) -> &Partition<K, H> {
         let index = (key.hash >> PARTITION_SHIFT) as usize;
         &self.partitions[index & (self.partitions.len() - 1)]
     }
@@ -1061,36 +1029,36 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
         }
         let key = self.lookup(key);
         if cost <= g.limit() {
-            if let Some(decision) = self
-                .partition(&key)
-                .map
-                .pin()
-                .get(&key)
-                .and_then(|ring| ring.try_acquire(g, now, cost))
-            {
-                return decision;
+            let table = self.partition(&key).table();
+            if let Some(i) = table.find(key.hash, key.key) {
+                if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
+                    return decision;
+                }
             }
         }
         self.decide_rest(g, key, cost, now)
     }
 
     /// [`decide`](Self::decide) in full: costs above the limit, new keys,
-    /// retired rings, the cap and the overflow ring.
+    /// retired rings (dropped, or moving to a rebuilt table), the cap and the
+    /// overflow ring.
     #[inline(never)]
     fn decide_rest(&self, g: &Geometry, key: Lookup<'_, K>, cost: u32, now: u64) -> Decision {
         if cost > g.limit() {
             return self.peek(g, key.key, cost);
         }
         let partition = self.partition(&key);
-        let map = partition.map.pin();
         loop {
-            if let Some(ring) = map.get(&key) {
-                match ring.try_acquire(g, now, cost) {
-                    Some(decision) => return decision,
-                    // Retired by a sweep: take it out (if the sweep has not yet)
-                    // and track the key afresh.
-                    None => {
-                        let _ = map.remove_if(&key, |_, r| std::ptr::eq(r, ring));
+            {
+                let table = partition.table();
+                if let Some(i) = table.find(key.hash, key.key) {
+                    if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
+                        return decision;
+                    }
+                    // Retired: dropped by a sweep, or being moved by a rebuild.
+                    // Once the writer is done, a moved ring is in the table.
+                    drop(table);
+                    if let Slot::Live(_) = partition.write().find(key.hash, key.key) {
                         continue;
                     }
                 }
@@ -1098,33 +1066,33 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
             if !self.reserve_key(now) {
                 break;
             }
-            let creating = partition.creating();
-            // A sweep publishes `swept_at` before it retires a ring, and the ring
-            // leaves the map after that, so this reads the newest relevant one.
+            let mut writing = partition.write();
+            let slot = writing.find(key.hash, key.key);
+            if let Slot::Live(_) = slot {
+                // Another check tracked it first: give the reservation back.
+                self.keys.fetch_sub(1, Relaxed);
+                continue;
+            }
+            // A sweep publishes `swept_at` before it retires a ring, and under
+            // the writer's lock, so this reads the newest relevant one.
             let start = now.max(self.swept_at.load(SeqCst));
             // While the overflow ring may hold this key's units, an empty ring
             // would let the key through twice: start from a copy of the overflow
-            // ring, taken after the mark was read, so it holds them.
-            let ring = if g.slot(start) < self.overflow_mark(&key).load(SeqCst) {
-                self.overflow.copy(g, start)
+            // ring's counts, taken after the mark was read, so it holds them.
+            let (s, counts) = if g.slot(start) < self.overflow_mark(&key).load(SeqCst) {
+                self.overflow.ring().counts_by_age(g, start)
             } else {
-                Ring::new(g, start)
+                (g.slot(start), Vec::new())
             };
-            let stored = Hashed {
-                hash: key.hash,
-                key: key.key.clone(),
-            };
-            let ring = match map.try_insert(stored, Spaced::new(ring)) {
-                Ok(ring) => ring,
-                Err(inserted_first) => {
-                    // Another thread inserted it first: give the reservation back.
-                    self.keys.fetch_sub(1, Relaxed);
-                    inserted_first.current
+            match slot {
+                Slot::Retired(i) => writing.revive(i, g, s, &counts),
+                _ => {
+                    let init = (g, s, &counts[..]);
+                    let (hasher, swept_at) = (&self.hasher, &self.swept_at);
+                    let dropped =
+                        writing.insert(key.hash, key.key.clone(), init, now, hasher, swept_at);
+                    self.count_evicted(dropped);
                 }
-            };
-            drop(creating);
-            if let Some(decision) = ring.try_acquire(g, now, cost) {
-                return decision;
             }
         }
         self.overflowed.fetch_add(1, Relaxed);
@@ -1132,28 +1100,37 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
         // been evicted by it, and its units then must not share a span with
         // these (a clock stepped back, or a check stalled since reading it).
         let at = now.max(self.swept_at.load(SeqCst));
-        let d = overflow_decision(self.overflow.acquire(g, at, cost), at, now);
+        let d = overflow_decision(self.overflow.ring().acquire(g, at, cost), at, now);
         // A check of cost 0 counted nothing for the key: no mark, no copy later.
         if d.is_allowed() && cost > 0 {
-            // Raised under the lock, so a creator reads the mark either before
-            // (its new ring is in the map by the look below, which moves these
-            // units into it) or after (its ring starts as a copy holding them),
-            // never both: a copy that already holds them must not count them
-            // again when they are moved.
-            let _creating = partition.creating();
+            // Raised under the writer's lock, so a creator reads the mark either
+            // before (its new ring is in the table by the look below, which moves
+            // these units into it) or after (its ring starts as a copy holding
+            // them), never both: a copy that already holds them must not count
+            // them again when they are moved.
+            let _writing = partition.write();
             self.overflow_mark(&key)
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
             // A racing check may have tracked the key before the line above:
             // then count these units in the key's own ring instead.
-            if let Some(decision) = map
-                .get(&key)
-                .and_then(|ring| ring.try_acquire(g, now, cost))
+            let table = partition.table();
+            if let Some(decision) = table
+                .find(key.hash, key.key)
+                .and_then(|i| table.ring(i).try_acquire(g, now, cost))
             {
-                self.overflow.undo(g, &d);
+                self.overflow.ring().undo(g, &d);
                 return decision;
             }
         }
         d
+    }
+
+    /// Count `dropped` keys as evicted.
+    fn count_evicted(&self, dropped: usize) {
+        if dropped > 0 {
+            self.keys.fetch_sub(dropped, Relaxed);
+            self.evicted.fetch_add(dropped as u64, Relaxed);
+        }
     }
 
     /// Reserve room for one more key. At the cap, the first new key in each
@@ -1187,11 +1164,11 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
     fn peek_untracked(&self, g: &Geometry, key: &Lookup<'_, K>, now: u64, cost: u32) -> Decision {
         let start = now.max(self.swept_at.load(SeqCst));
         if self.keys.load(Relaxed) >= self.max_keys {
-            overflow_decision(self.overflow.peek(g, start, cost), start, now)
+            overflow_decision(self.overflow.ring().peek(g, start, cost), start, now)
         } else if g.slot(start) < self.overflow_mark(key).load(SeqCst) {
-            self.overflow.copy(g, start).peek(g, now, cost)
+            self.overflow.copy(g, start).ring().peek(g, now, cost)
         } else {
-            Ring::new(g, start).peek(g, now, cost)
+            peek_empty(g, g.slot(start), now, cost)
         }
     }
 
@@ -1229,33 +1206,50 @@ impl<K: Hash + Eq + Clone, C: Clock> State<K, C> {
                 .is_ok()
     }
 
+    /// One partition's sweep, for a check: a partition whose writer is busy
+    /// (adding a key, rebuilding) is left to the next step, so that a check
+    /// never waits for another key's writer to sweep.
     fn sweep_step(&self, now: u64) {
         let p = self.sweep_cursor.fetch_add(1, Relaxed) % self.partitions.len();
-        self.sweep_partition(p, now);
+        if let Some(writing) = self.partitions[p].try_write() {
+            self.sweep_with(writing, now);
+        }
+        // The last partition of a round: hand back what the round gave up.
+        let last = p + 1 == self.partitions.len();
+        trim::trim_if(if last {
+            trim::TRIM_AFTER_ROUND
+        } else {
+            trim::TRIM_AFTER
+        });
         #[cfg(feature = "metrics")]
         let _ = self.stats(); // hands the counts to the metrics recorder
     }
 
     fn sweep_partition(&self, p: usize, now: u64) -> usize {
-        let g = &self.shape;
-        let mut retired = 0;
+        self.sweep_with(self.partitions[p].write(), now)
+    }
+
+    /// Sweep the partition `writing` holds the lock of.
+    fn sweep_with(&self, mut writing: Writing<'_, K, H>, now: u64) -> usize {
         // Before any ring is retired: a check that then finds its key retired or
         // gone starts the new ring no earlier than this.
         self.swept_at.fetch_max(now, SeqCst);
         // A ring retired here may still be in use by a check that found it
-        // before; that check then fails and looks again (see `ring.rs`). The map
-        // frees the ring once no check can hold it.
-        self.partitions[p].map.pin().retain(|_, ring| {
-            if ring.retire(g, now) {
-                retired += 1;
-            }
-            !ring.is_retired()
-        });
-        if retired > 0 {
-            self.keys.fetch_sub(retired, Relaxed);
-            self.evicted.fetch_add(retired as u64, Relaxed);
-        }
-        retired
+        // before; that check then fails and looks again (see `ring`).
+        let dropped = writing.sweep(&self.shape, now, &self.hasher);
+        self.count_evicted(dropped);
+        dropped
+    }
+}
+
+impl<K, C, H: Head> Drop for State<K, C, H> {
+    /// The tables go back to the allocator, and (see `trim`) their memory to
+    /// the system.
+    fn drop(&mut self) {
+        let bytes = self.partitions.iter().map(Partition::bytes).sum();
+        self.partitions = Box::new([]);
+        trim::given_up(bytes);
+        trim::trim_if(trim::TRIM_AFTER_ROUND);
     }
 }
 
@@ -1279,15 +1273,15 @@ fn next_slot_start(now: u64, bucket_nanos: u64) -> u64 {
 
 impl<K, C> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = &self.state;
+        let (max_keys, keys) =
+            with_state!(&self.state, state => (state.max_keys, state.keys.load(Relaxed)));
         f.debug_struct("Limiter")
             .field("policy", &self.policy)
-            .field("max_keys", &state.max_keys)
-            .field("keys_tracked", &state.keys.load(Relaxed))
+            .field("max_keys", &max_keys)
+            .field("keys_tracked", &keys)
             .finish_non_exhaustive()
     }
 }
-
 #[cfg(all(test, not(tsw_loom)))]
 mod tests {
     use super::*;
@@ -1306,48 +1300,102 @@ mod tests {
     }
 
     #[test]
-    fn rings_created_one_after_another_share_no_cache_line() {
-        // Where the allocator puts papaya's entries is its business, so this
-        // checks the outcome: no 64-byte line holds a word a check writes (the
-        // ring's first `Ring::WRITTEN` bytes) of one key and a word a check
-        // reads or writes (the u64 key papaya keeps before the value, then the
-        // ring) of another.
-        let (l, _) = limiter(10, 1000);
-        let keys = 0..64u64;
-        for k in keys.clone() {
-            let _ = l.check(&k);
+    fn a_tracked_key_takes_at_most_128_bytes_of_table_as_the_map_grows() {
+        // The tables' arrays (control bytes, keys and heads, buckets), summed
+        // over the partitions, per tracked key, for the default policy and
+        // u64 keys and IP addresses (17 bytes: the address extractors' key),
+        // at key counts that fall anywhere in the tables' growth.
+        fn per_key<K: Hash + Eq + Clone + Send + Sync + 'static>(key: impl Fn(u64) -> K) {
+            let policy = Policy::per(100, Duration::from_secs(1)).unwrap();
+            let l: Limiter<K, ManualClock> = Limiter::builder(policy)
+                .clock(ManualClock::new())
+                .max_keys(1 << 20)
+                .build()
+                .unwrap();
+            let mut n = 0;
+            for target in [30_000u64, 61_000, 97_000, 140_000, 211_000, 300_000] {
+                while n < target {
+                    assert!(l.check(&key(n)).is_allowed());
+                    n += 1;
+                }
+                let bytes: usize = l
+                    .compact()
+                    .partitions
+                    .iter()
+                    .map(|p| p.table().bytes())
+                    .sum();
+                let each = bytes as f64 / n as f64;
+                assert!(each <= 128.0, "{each:.1} bytes a key at {n} keys");
+            }
         }
-        let map = l.state.partitions[0].map.pin();
-        let mut rings: Vec<usize> = keys
-            .map(|k| &**map.get(&l.state.lookup(&k)).unwrap() as *const Ring as usize)
-            .collect();
-        rings.sort();
-        let lines = |from: usize, to: usize| from / 64..=(to - 1) / 64;
-        let written = |ring: usize| lines(ring, ring + Ring::WRITTEN);
-        let touched = |ring: usize| lines(ring - 8, ring + std::mem::size_of::<Ring>());
-        for pair in rings.windows(2) {
-            let (first, next) = (pair[0], pair[1]);
-            assert!(
-                written(first).end() < touched(next).start()
-                    && touched(first).end() < written(next).start(),
-                "a written word shares a line with another key's words: {pair:x?}"
-            );
-        }
+        per_key(|k| k);
+        per_key(|k| std::net::IpAddr::from((k as u128).to_be_bytes()));
     }
 
     #[test]
-    #[cfg(not(tsw_loom))]
-    fn entries_keep_56_bytes_unwritten_between_rings_whatever_the_allocator() {
-        // From the end of one ring's last bucket to the next entry's key, with
-        // no allocator header and no rounding: the ring's read-only tail, the
-        // gap, and the next entry's hash.
-        let tail = std::mem::size_of::<Ring>() - Ring::WRITTEN;
-        let between = tail + GAP + std::mem::size_of::<u64>();
-        assert!(between >= 56, "{between} bytes");
-        // The entry as papaya boxes it, for a u64 key: 208 bytes.
-        let entry = std::mem::size_of::<Hashed<u64>>() + std::mem::size_of::<Spaced>();
-        assert_eq!(entry, 208);
-        assert_eq!(std::mem::size_of::<Ring>(), 168);
+    fn keys_are_found_while_their_tables_are_rebuilt_under_them() {
+        // One partition (a cap of 10 000), grown by a new key at a time from
+        // 8 slots to thousands: every rebuild moves the keys already there,
+        // which must keep their counts.
+        let (l, clock) = limiter(3, 10_000);
+        assert_eq!(l.compact().partitions.len(), 2);
+        for k in 0..6_000u64 {
+            assert!(l.check(&k).is_allowed());
+            if k % 97 == 0 {
+                for old in (0..k).step_by(61) {
+                    assert_eq!(
+                        l.usage(&old).used,
+                        1 + (old % 97 == 0) as u32,
+                        "key {old} at {k}"
+                    );
+                }
+                assert!(l.check(&k).is_allowed());
+            }
+        }
+        // Then all go idle but one, and the sweeps hand the tables back.
+        let slots_before: usize = l
+            .compact()
+            .partitions
+            .iter()
+            .map(|p| p.table().slots())
+            .sum();
+        clock.advance(Duration::from_millis(1200));
+        assert!(l.check(&5).is_allowed());
+        l.evict_idle();
+        assert_eq!(l.stats().keys_evicted, 5_999);
+        let slots: usize = l
+            .compact()
+            .partitions
+            .iter()
+            .map(|p| p.table().slots())
+            .sum();
+        assert!(
+            slots <= 16 && slots_before > 6_000,
+            "{slots_before} -> {slots} slots"
+        );
+        assert_eq!(l.usage(&5).used, 1);
+        assert_eq!(l.stats().keys_tracked, 1);
+    }
+
+    #[test]
+    fn a_limit_above_65_535_takes_wide_rings_and_keeps_its_counts_when_raised_to_it() {
+        let clock = ManualClock::new();
+        let policy = |limit| Policy::per(limit, Duration::from_secs(1)).unwrap();
+        let compact: Limiter<u64, ManualClock> = Limiter::builder(policy(65_535))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        assert!(matches!(compact.state, Shared::Compact(_)));
+        assert!(compact.check_n(&1, 65_535).is_allowed());
+        let wide = compact.reconfigured(policy(70_000)).unwrap();
+        assert!(matches!(wide.state, Shared::Wide(_)));
+        assert_eq!(wide.usage(&1).used, 65_535);
+        assert!(wide.check_n(&1, 4_465).is_allowed());
+        assert!(!wide.check(&1).is_allowed());
+        // Lowered again, the wide rings serve as they are.
+        let lower = wide.reconfigured(policy(100)).unwrap();
+        assert!(matches!(lower.state, Shared::Wide(_)));
+        assert!(!lower.check(&1).is_allowed());
     }
 
     #[test]
@@ -1358,7 +1406,7 @@ mod tests {
                 .clock(clock.clone())
                 .build()
                 .unwrap();
-        assert_eq!(l.state.partitions.len(), 1);
+        assert_eq!(l.compact().partitions.len(), 1);
         assert_eq!(l.stats().keys_tracked, 1);
         assert!(l.check(&()).is_allowed());
         let second = l.check(&());
@@ -1369,7 +1417,7 @@ mod tests {
         l.undo(&(), &second);
         assert_eq!(l.usage(&()).used, 1);
         assert!(l.check(&()).is_allowed());
-        assert!(l.state.partitions[0].map.is_empty());
+        assert!(l.compact().partitions[0].is_empty());
         // Idle for a minute: no sweep drops it, and its window has emptied.
         clock.advance(Duration::from_secs(60));
         assert_eq!(l.evict_idle(), 0);
@@ -1385,7 +1433,7 @@ mod tests {
         // 256 partitions: the hash picks the partition and, passed on, the
         // map's slot; every key must be found again, and only its own units.
         let (l, _) = limiter(3, 1 << 20);
-        assert_eq!(l.state.partitions.len(), MAX_PARTITIONS);
+        assert_eq!(l.compact().partitions.len(), MAX_PARTITIONS);
         let keys = 0..20_000u64;
         for k in keys.clone() {
             for _ in 0..=(k % 3) {
@@ -1394,10 +1442,10 @@ mod tests {
         }
         assert_eq!(l.stats().keys_tracked, 20_000);
         let used = l
-            .state
+            .compact()
             .partitions
             .iter()
-            .filter(|p| !p.map.is_empty())
+            .filter(|p| !p.is_empty())
             .count();
         assert!(used > MAX_PARTITIONS * 9 / 10, "{used} partitions in use");
         for k in keys {
@@ -1424,7 +1472,7 @@ mod tests {
         assert_eq!(l.stats().keys_tracked, 10_000);
         clock.advance(Duration::from_secs(2));
         // Only one hot key keeps checking; each bucket width it sweeps one partition.
-        for _ in 0..l.state.partitions.len() {
+        for _ in 0..l.compact().partitions.len() {
             clock.advance(Duration::from_millis(70));
             let _ = l.check(&u64::MAX);
         }
@@ -1580,20 +1628,20 @@ mod tests {
         let (l, clock) = limiter(1_000, 1);
         assert!(l.check(&0).is_allowed());
         clock.set(100_000_000);
-        let sweeps_before = l.state.sweep_cursor.load(Relaxed);
+        let sweeps_before = l.compact().sweep_cursor.load(Relaxed);
         for key in 1..=1_000 {
             let _ = l.check(&key);
         }
         // One sweep for the new bucket (`maybe_sweep`) and one by the first new
         // key at the cap, not one per new key.
-        assert!(l.state.sweep_cursor.load(Relaxed) - sweeps_before <= 2);
+        assert!(l.compact().sweep_cursor.load(Relaxed) - sweeps_before <= 2);
         assert_eq!(l.stats().overflowed, 1_000);
         // In the next bucket, the first new key may sweep again.
         clock.set(200_000_000);
-        let before = l.state.sweep_cursor.load(Relaxed);
+        let before = l.compact().sweep_cursor.load(Relaxed);
         let _ = l.check(&5_000);
         let _ = l.check(&5_001);
-        assert_eq!(l.state.sweep_cursor.load(Relaxed) - before, 2);
+        assert_eq!(l.compact().sweep_cursor.load(Relaxed) - before, 2);
     }
 
     #[test]
@@ -1770,7 +1818,7 @@ mod tests {
         // Another untracked key only asks (cost 0): nothing is counted for it.
         let key = (3..)
             .find(|k| {
-                let mark = |k| l.state.overflow_mark(&l.state.lookup(k));
+                let mark = |k| l.compact().overflow_mark(&l.compact().lookup(k));
                 !std::ptr::eq(mark(k), mark(&2))
             })
             .unwrap();
@@ -1831,9 +1879,17 @@ mod tests {
 
 #[cfg(test)]
 impl<K, C> Limiter<K, C> {
+    /// The state of a limiter whose rings are compact (as the tests' are).
+    fn compact(&self) -> &State<K, C, Compact> {
+        match &self.state {
+            Shared::Compact(state) => state,
+            Shared::Wide(_) => panic!("a limiter of wide rings"),
+        }
+    }
+
     /// Rounds the background sweeper has finished.
     pub(crate) fn sweeper_rounds(&self) -> u64 {
-        self.state.sweeper_rounds.load(SeqCst)
+        with_state!(&self.state, state => state.sweeper_rounds.load(SeqCst))
     }
 
     /// Yield to the runtime until the sweeper has finished `rounds` rounds in
@@ -1895,7 +1951,7 @@ mod sweeper_tests {
         let stats = l.stats();
         assert_eq!((stats.keys_tracked, stats.keys_evicted), (0, 100_000));
         assert_eq!(start.elapsed(), Duration::from_millis(1100));
-        assert!(l.state.partitions.iter().all(|p| p.map.is_empty()));
+        assert!(l.compact().partitions.iter().all(|p| p.is_empty()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,10 +1,10 @@
 //! The atomics the ring uses, swapped for loom's under `--cfg tsw_loom` so the
-//! loom models in `ring.rs` explore every interleaving of the real code.
+//! loom models in `ring` explore every interleaving of the real code.
 
 #[cfg(tsw_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(tsw_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Back off while another thread finishes resetting an idle ring.
 #[inline]
@@ -13,6 +13,25 @@ pub(crate) fn spin() {
     loom::thread::yield_now();
     #[cfg(not(tsw_loom))]
     std::hint::spin_loop();
+}
+
+/// Wait for another thread to finish a reset it has begun, where waiting is
+/// the only safe choice (a writer that must not retire a ring mid-reset):
+/// spin briefly, then give the core away, since on few cores the resetting
+/// thread may be the one waiting for it.
+#[inline]
+pub(crate) fn wait_a_moment(round: u32) {
+    #[cfg(tsw_loom)]
+    {
+        let _ = round;
+        loom::thread::yield_now();
+    }
+    #[cfg(not(tsw_loom))]
+    if round < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
 }
 
 /// Order a write to the ring before the reads that follow it as C11 does for

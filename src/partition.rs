@@ -1,0 +1,406 @@
+//! One partition of a limiter's keys: a [`Table`] that checks read without a
+//! lock, and a writer's lock under which keys are added, idle keys dropped and
+//! the table rebuilt.
+//!
+//! A rebuild makes a new table sized for the keys still live, retires every
+//! ring of the old one (see `table`'s invariant), copies the live ones, then
+//! publishes the new table; the old one is freed once the last check holding
+//! it lets go (arc-swap). So memory follows the keys: a table is one
+//! allocation per array, and one that has emptied is handed back whole.
+//!
+//! Sizes: a table is full at 9 slots in 10 (tombstones count); a rebuild
+//! leaves its keys at 3 slots in 4 (1 in 2 while it is small, where memory
+//! hardly matters and rebuilds would come often); a sweep that leaves under 3
+//! slots in 10 live rebuilds the table smaller.
+
+use crate::ring::{Geometry, Head, Retired, Ring};
+use crate::table::{Table, MIN_SLOTS};
+use crate::trim;
+use arc_swap::{ArcSwap, Guard};
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// See the module docs.
+pub(crate) struct Partition<K, H: Head> {
+    table: ArcSwap<Table<K, H>>,
+    writer: Mutex<Writer>,
+    /// A table of no slots, the table while the partition holds no key: a
+    /// sweep that drops every key switches to it without allocating, so the
+    /// memory it frees is not dotted with new small blocks (which would keep
+    /// their pages resident under glibc, see `trim`).
+    empty: Arc<Table<K, H>>,
+}
+
+/// What the writer keeps about the current table.
+#[derive(Debug)]
+struct Writer {
+    /// Full slots (tombstones included).
+    full: usize,
+}
+
+/// Where a key stands in the current table, as its writer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// In slot `.0`, in use.
+    Live(usize),
+    /// In slot `.0`, its ring retired (the key was dropped as idle).
+    Retired(usize),
+    Absent,
+}
+
+/// The slots a table holding `keys` keys gets when it is rebuilt (none for none).
+fn slots_for(keys: usize) -> usize {
+    if keys < 48 {
+        keys * 2
+    } else {
+        keys + keys.div_ceil(3)
+    }
+}
+
+impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
+    pub(crate) fn new(ring_len: usize) -> Partition<K, H> {
+        let empty = Arc::new(Table::new(0, ring_len));
+        Partition {
+            table: ArcSwap::new(Arc::clone(&empty)),
+            writer: Mutex::new(Writer { full: 0 }),
+            empty,
+        }
+    }
+
+    /// The table now, for a check: no lock.
+    #[inline(always)]
+    pub(crate) fn table(&self) -> Guard<Arc<Table<K, H>>> {
+        self.table.load()
+    }
+
+    /// Wait for the writer's lock, then hold it.
+    pub(crate) fn write(&self) -> Writing<'_, K, H> {
+        // The lock guards the writer's own counts: a poisoned one is as good
+        // as any (a panic leaves the table as a whole, published or not).
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        Writing {
+            partition: self,
+            table: self.table.load_full(),
+            writer,
+        }
+    }
+
+    /// The writer's lock if no one holds it: for the sweeps checks make,
+    /// which leave a busy partition to the next one rather than wait for it.
+    pub(crate) fn try_write(&self) -> Option<Writing<'_, K, H>> {
+        let writer = match self.writer.try_lock() {
+            Ok(writer) => writer,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(Writing {
+            partition: self,
+            table: self.table.load_full(),
+            writer,
+        })
+    }
+
+    /// Calls `f` with `key`'s ring, or `None` if the key is not tracked. A
+    /// ring found retired may be moving to a new table: the key is looked up
+    /// again once the writer is done.
+    pub(crate) fn with_ring<R>(
+        &self,
+        hash: u64,
+        key: &K,
+        f: impl FnOnce(Option<Ring<'_, H>>) -> R,
+    ) -> R {
+        let table = self.table();
+        match table.find(hash, key).map(|i| table.ring(i)) {
+            Some(ring) if !ring.is_retired() => f(Some(ring)),
+            None => f(None),
+            Some(_) => {
+                drop(table);
+                drop(self.write());
+                let table = self.table();
+                let ring = table.find(hash, key).map(|i| table.ring(i));
+                f(ring.filter(|ring| !ring.is_retired()))
+            }
+        }
+    }
+
+    /// Calls `f` with each key and ring not retired (a plain walk: checks may
+    /// run meanwhile).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, Ring<'_, H>)) {
+        let table = self.table();
+        for i in table.full_slots() {
+            let ring = table.ring(i);
+            if let (Some(key), false) = (table.key(i), ring.is_retired()) {
+                f(key, ring);
+            }
+        }
+    }
+
+    /// Whether the table holds no key (tombstones count as keys).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.write().writer.full == 0
+    }
+}
+
+impl<K, H: Head> Partition<K, H> {
+    /// The bytes of the table's arrays.
+    pub(crate) fn bytes(&self) -> usize {
+        self.table.load().bytes()
+    }
+}
+
+/// The writer's lock, held, with the table it may change.
+pub(crate) struct Writing<'p, K, H: Head> {
+    partition: &'p Partition<K, H>,
+    table: Arc<Table<K, H>>,
+    writer: MutexGuard<'p, Writer>,
+}
+
+impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
+    /// Where `key` stands in the current table.
+    pub(crate) fn find(&self, hash: u64, key: &K) -> Slot {
+        match self.table.find(hash, key) {
+            None => Slot::Absent,
+            Some(i) if self.table.ring(i).is_retired() => Slot::Retired(i),
+            Some(i) => Slot::Live(i),
+        }
+    }
+
+    /// Bring back the retired ring of slot `i` at slot `s` holding `counts`
+    /// ([`Ring::revive`]).
+    pub(crate) fn revive(&self, i: usize, g: &Geometry, s: u64, counts: &[u64]) {
+        self.table.ring(i).revive(g, s, counts);
+    }
+
+    /// Track `key`, absent from the table, with a ring at slot `s` holding
+    /// `counts`. A full table is rebuilt first, at `now`: the idle keys it
+    /// drops are returned (after `swept_at` is raised to `now`, see the
+    /// limiter).
+    pub(crate) fn insert<S: BuildHasher>(
+        &mut self,
+        hash: u64,
+        key: K,
+        init: (&Geometry, u64, &[u64]),
+        now: u64,
+        hasher: &S,
+        swept_at: &AtomicU64,
+    ) -> usize {
+        let (g, s, counts) = init;
+        let mut dropped = 0;
+        if (self.writer.full + 1) * 10 > self.table.slots() * 9 {
+            swept_at.fetch_max(now, SeqCst);
+            dropped = self.rebuild(g, now, hasher, 1);
+        }
+        self.table.insert(hash, key, |ring| ring.init(g, s, counts));
+        self.writer.full += 1;
+        dropped
+    }
+
+    /// Drop the keys idle at `now`: retire their rings in place, then, when
+    /// few keys are left, rebuild the table smaller (its pass finds the
+    /// retired rings with one load each). How many.
+    pub(crate) fn sweep<S: BuildHasher>(&mut self, g: &Geometry, now: u64, hasher: &S) -> usize {
+        let (mut live, mut dropped) = (0, 0);
+        for i in self.table.full_slots() {
+            let ring = self.table.ring(i);
+            if ring.retire(g, now) {
+                dropped += 1;
+            } else if !ring.is_retired() {
+                live += 1;
+            }
+        }
+        let slots = self.table.slots();
+        if dropped > 0
+            && (slots > MIN_SLOTS || live == 0)
+            && live * 10 < slots * 3
+            && slots_for(live) < slots
+        {
+            dropped += self.rebuild(g, now, hasher, 0);
+        }
+        dropped
+    }
+
+    /// Replace the table with one sized for its live keys and `extra` more:
+    /// retire every ring, copy the live ones, publish. The keys found idle
+    /// are dropped: how many.
+    fn rebuild<S: BuildHasher>(
+        &mut self,
+        g: &Geometry,
+        now: u64,
+        hasher: &S,
+        extra: usize,
+    ) -> usize {
+        let old = Arc::clone(&self.table);
+        let mut live = Vec::new();
+        let mut dropped = 0;
+        for i in old.full_slots() {
+            match old.ring(i).retire_to_move(g, now) {
+                Retired::Already => {}
+                Retired::Idle => dropped += 1,
+                Retired::Live => live.push(i),
+            }
+        }
+        let new = match live.len() + extra {
+            0 => Arc::clone(&self.partition.empty),
+            keys => {
+                let new = Table::new(slots_for(keys), g.ring_len());
+                for &i in &live {
+                    if let Some(key) = old.key(i) {
+                        let from = old.ring(i);
+                        new.insert(hasher.hash_one(key), key.clone(), |to| from.copy_to(g, &to));
+                    }
+                }
+                Arc::new(new)
+            }
+        };
+        // Memory given up (a table grown gives up none: the next growth
+        // reuses what it frees), for the allocator to be asked to return.
+        trim::given_up(old.bytes().saturating_sub(new.bytes()));
+        self.partition.table.store(Arc::clone(&new));
+        self.table = new;
+        self.writer.full = live.len();
+        dropped
+    }
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod tests {
+    use super::*;
+    use crate::ring::Compact;
+    use crate::Policy;
+    use std::time::Duration;
+
+    const MS: u64 = 1_000_000;
+
+    fn setup() -> (
+        Partition<u64, Compact>,
+        Geometry,
+        foldhash::fast::RandomState,
+    ) {
+        let g = Geometry::new(&Policy::per(3, Duration::from_secs(1)).unwrap());
+        (Partition::new(g.ring_len()), g, Default::default())
+    }
+
+    fn track(
+        p: &Partition<u64, Compact>,
+        g: &Geometry,
+        h: &foldhash::fast::RandomState,
+        k: u64,
+        now: u64,
+    ) {
+        let hash = h.hash_one(k);
+        let mut w = p.write();
+        assert_eq!(w.find(hash, &k), Slot::Absent);
+        w.insert(hash, k, (g, g.slot(now), &[]), now, h, &AtomicU64::new(0));
+    }
+
+    fn used(
+        p: &Partition<u64, Compact>,
+        g: &Geometry,
+        h: &foldhash::fast::RandomState,
+        k: u64,
+        now: u64,
+    ) -> Option<u32> {
+        p.with_ring(h.hash_one(k), &k, |ring| {
+            ring.map(|r| g.limit() - r.peek(g, now, 0).remaining())
+        })
+    }
+
+    #[test]
+    fn a_growing_table_keeps_every_key_and_its_counts() {
+        let (p, g, h) = setup();
+        for k in 0..5_000u64 {
+            track(&p, &g, &h, k, 0);
+            let hash = h.hash_one(k);
+            let table = p.table();
+            let ring = table.ring(table.find(hash, &k).unwrap());
+            for _ in 0..k % 3 {
+                assert!(ring.acquire(&g, 0, 1).is_allowed());
+            }
+        }
+        for k in 0..5_000u64 {
+            assert_eq!(used(&p, &g, &h, k, 0), Some((k % 3) as u32), "key {k}");
+        }
+        let slots = p.table().slots();
+        assert!(
+            slots * 9 / 10 >= 5_000 && slots * 7 / 10 <= 5_000,
+            "{slots} slots"
+        );
+    }
+
+    #[test]
+    fn a_sweep_that_leaves_few_keys_hands_the_table_back_and_keeps_the_live_ones() {
+        let (p, g, h) = setup();
+        for k in 0..4_000u64 {
+            track(&p, &g, &h, k, 0);
+        }
+        let big = p.table().slots();
+        // Key 7 is used again 2 s later; the rest are idle at 2.5 s.
+        let hash = h.hash_one(7u64);
+        {
+            let table = p.table();
+            let ring = table.ring(table.find(hash, &7).unwrap());
+            assert!(ring.acquire(&g, 2_000 * MS, 2).is_allowed());
+        }
+        let old = p.table();
+        assert_eq!(p.write().sweep(&g, 2_500 * MS, &h), 3_999);
+        assert!(p.table().slots() < big / 100, "{} slots", p.table().slots());
+        assert_eq!(used(&p, &g, &h, 7, 2_500 * MS), Some(2));
+        assert_eq!(used(&p, &g, &h, 8, 2_500 * MS), None);
+        // The old table's rings are all retired: a check holding one fails.
+        assert!(old.full_slots().all(|i| old.ring(i).is_retired()));
+    }
+
+    #[test]
+    fn a_sweep_that_leaves_many_keys_retires_the_idle_ones_in_place_and_they_revive_there() {
+        let (p, g, h) = setup();
+        for k in 0..100u64 {
+            track(&p, &g, &h, k, 0);
+        }
+        for k in 50..100u64 {
+            let table = p.table();
+            let ring = table.ring(table.find(h.hash_one(k), &k).unwrap());
+            assert!(ring.acquire(&g, 1_500 * MS, 1).is_allowed());
+        }
+        let slots = p.table().slots();
+        assert_eq!(p.write().sweep(&g, 2_000 * MS, &h), 50);
+        assert_eq!(p.table().slots(), slots, "not rebuilt");
+        assert_eq!(used(&p, &g, &h, 3, 2_000 * MS), None);
+        let hash = h.hash_one(3u64);
+        let w = p.write();
+        let Slot::Retired(i) = w.find(hash, &3) else {
+            panic!("key 3 is a tombstone")
+        };
+        w.revive(i, &g, g.slot(2_000 * MS), &[1]);
+        assert_eq!(w.find(hash, &3), Slot::Live(i));
+        drop(w);
+        assert_eq!(used(&p, &g, &h, 3, 2_000 * MS), Some(1));
+    }
+
+    #[test]
+    fn a_table_full_of_tombstones_is_purged_by_the_next_insert() {
+        let (p, g, h) = setup();
+        for k in 0..1_000u64 {
+            track(&p, &g, &h, k, 0);
+        }
+        // All but key 0 went idle and were retired in place by sweeps
+        // (which rebuild only below 3 live slots in 10: force in place).
+        let table = p.table();
+        for i in table.full_slots() {
+            if table.key(i) != Some(&0) {
+                assert!(table.ring(i).retire(&g, 3_000 * MS) || table.ring(i).is_retired());
+            }
+        }
+        drop(table);
+        let slots = p.table().slots();
+        // New keys fill the free slots, then a rebuild purges the tombstones.
+        let mut k = 10_000u64;
+        while p.table().slots() == slots {
+            track(&p, &g, &h, k, 0);
+            k += 1;
+        }
+        assert!(p.table().slots() < slots / 2, "{} slots", p.table().slots());
+        let table = p.table();
+        assert!(table.full_slots().all(|i| !table.ring(i).is_retired()));
+    }
+}

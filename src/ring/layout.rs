@@ -1,0 +1,424 @@
+//! How a ring's words are packed, in two layouts:
+//!
+//! - [`Compact`]: 32-bit buckets (a 16-bit slot tag, a 16-bit count) and one
+//!   64-bit head word holding the newest slot (46 bits), the flags and the
+//!   base count (16 bits). 72 bytes for the default 16 buckets. For limits up
+//!   to 65 535 and buckets of at least 16.4 µs (2^46 of them then reach as far
+//!   as the wide layout's 2^60 one-nanosecond slots: 36 years).
+//! - [`Wide`]: 64-bit buckets (a 32-bit tag, a 32-bit count), a 64-bit
+//!   newest word and a 64-bit base word of its own. 144 bytes for 16 buckets.
+//!   Any limit, any bucket width.
+//!
+//! The protocol (`ring/mod.rs`) is the same for both; it reaches the words
+//! through [`Bucket`] and [`Head`]. Tags are slot numbers modulo 2^`TAG_BITS`,
+//! compared as signed differences: exact while every tag read is less than
+//! 2^(`TAG_BITS` - 1) slots from the slot it is compared with, which the
+//! protocol keeps by resetting idle rings and normalising old tags at
+//! 2^(`TAG_BITS` - 2) (see the module docs of `ring`).
+
+use crate::sync::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::fmt::Debug;
+
+/// Set in the head while an idle ring is reset or a retired one revived.
+pub(crate) const RESETTING: u64 = 1 << 63;
+/// Set for good when a ring is retired (it has left, or is leaving, its table).
+pub(crate) const RETIRED: u64 = 1 << 62;
+pub(crate) const FLAGS: u64 = RESETTING | RETIRED;
+
+/// One bucket: a slot tag in the high `TAG_BITS` of the word, a count in
+/// the low `COUNT_BITS`. Values travel as `u64`, whatever the width.
+pub(crate) trait Bucket: Send + Sync + Debug + Sized + 'static {
+    const TAG_BITS: u32;
+    const COUNT_BITS: u32;
+    /// A 64-byte line of these words.
+    type Line: Line<Self>;
+    fn load(&self) -> u64;
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64>;
+    fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64>;
+    fn swap(&self, value: u64) -> u64;
+    fn store(&self, value: u64);
+}
+
+/// A cache line of bucket words: rings live in slices of these, so that a
+/// ring of 16 compact buckets (or 8 wide ones) fills exactly one line.
+pub(crate) trait Line<B>: Send + Sync + Debug + Sized + 'static {
+    const WORDS: usize;
+    fn new() -> Self;
+    fn word(&self, i: usize) -> &B;
+}
+
+/// Sixteen compact buckets.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(crate) struct Line32([AtomicU32; 16]);
+
+/// Eight wide buckets.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(crate) struct Line64([AtomicU64; 8]);
+
+impl Line<AtomicU32> for Line32 {
+    const WORDS: usize = 16;
+    fn new() -> Self {
+        Line32(std::array::from_fn(|_| AtomicU32::new(0)))
+    }
+    #[inline(always)]
+    fn word(&self, i: usize) -> &AtomicU32 {
+        &self.0[i % Self::WORDS]
+    }
+}
+
+impl Line<AtomicU64> for Line64 {
+    const WORDS: usize = 8;
+    fn new() -> Self {
+        Line64(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+    #[inline(always)]
+    fn word(&self, i: usize) -> &AtomicU64 {
+        &self.0[i % Self::WORDS]
+    }
+}
+
+impl Bucket for AtomicU32 {
+    const TAG_BITS: u32 = 16;
+    const COUNT_BITS: u32 = 16;
+    type Line = Line32;
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        AtomicU32::load(self, SeqCst) as u64
+    }
+    #[inline(always)]
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+        AtomicU32::compare_exchange(self, current as u32, new as u32, SeqCst, SeqCst)
+            .map(u64::from)
+            .map_err(u64::from)
+    }
+    #[inline(always)]
+    fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64> {
+        AtomicU32::compare_exchange_weak(self, current as u32, new as u32, SeqCst, SeqCst)
+            .map(u64::from)
+            .map_err(u64::from)
+    }
+    fn swap(&self, value: u64) -> u64 {
+        AtomicU32::swap(self, value as u32, SeqCst) as u64
+    }
+    fn store(&self, value: u64) {
+        AtomicU32::store(self, value as u32, SeqCst)
+    }
+}
+
+impl Bucket for AtomicU64 {
+    const TAG_BITS: u32 = 32;
+    const COUNT_BITS: u32 = 32;
+    type Line = Line64;
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        AtomicU64::load(self, SeqCst)
+    }
+    #[inline(always)]
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+        AtomicU64::compare_exchange(self, current, new, SeqCst, SeqCst)
+    }
+    #[inline(always)]
+    fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64> {
+        AtomicU64::compare_exchange_weak(self, current, new, SeqCst, SeqCst)
+    }
+    fn swap(&self, value: u64) -> u64 {
+        AtomicU64::swap(self, value, SeqCst)
+    }
+    fn store(&self, value: u64) {
+        AtomicU64::store(self, value, SeqCst)
+    }
+}
+
+/// The largest count a bucket of `B` holds.
+#[inline(always)]
+pub(crate) fn count_max<B: Bucket>() -> u64 {
+    (1 << B::COUNT_BITS) - 1
+}
+
+/// A bucket word holding `count` units for `slot` (its low `TAG_BITS`).
+#[inline(always)]
+pub(crate) fn pack<B: Bucket>(slot: u64, count: u64) -> u64 {
+    let word = if B::TAG_BITS + B::COUNT_BITS == 64 {
+        u64::MAX
+    } else {
+        (1 << (B::TAG_BITS + B::COUNT_BITS)) - 1
+    };
+    ((slot << B::COUNT_BITS) & word) | count
+}
+
+#[inline(always)]
+pub(crate) fn count<B: Bucket>(cell: u64) -> u64 {
+    cell & count_max::<B>()
+}
+
+/// How far `cell`'s slot lies behind `s`: 0 current, > 0 older, < 0 newer.
+#[inline(always)]
+pub(crate) fn age<B: Bucket>(s: u64, cell: u64) -> i64 {
+    let shift = 64 - B::TAG_BITS;
+    ((s.wrapping_sub(cell >> B::COUNT_BITS) << shift) as i64) >> shift
+}
+
+/// [`age`] as an unsigned `TAG_BITS` number: a newer tag's negative age is
+/// then at least 2^(`TAG_BITS` - 1).
+#[inline(always)]
+pub(crate) fn age_bits<B: Bucket>(s: u64, cell: u64) -> u64 {
+    s.wrapping_sub(cell >> B::COUNT_BITS) & ((1 << B::TAG_BITS) - 1)
+}
+
+/// A stale bucket this old is rewritten to a fresh stale tag, so that no tag of
+/// a ring in use ever drifts to half the tag range, where ages become ambiguous.
+#[inline(always)]
+pub(crate) fn normalize_age<B: Bucket>() -> u64 {
+    1 << (B::TAG_BITS - 2)
+}
+
+/// A ring's head: the newest slot any consuming check has entered, the
+/// flags, and the base of that slot (the units at its N older slots), or
+/// "unknown". Head words travel as `u64`: flags in bits 63 and 62, the slot
+/// in the low bits, and (compact) the base in between.
+pub(crate) trait Head: Send + Sync + Debug + Sized + 'static {
+    type Bucket: Bucket;
+    /// Slots stay at or below this (`Geometry::hold` holds the clock there).
+    const MAX_SLOT: u64;
+    /// A head at slot `s` holding `base` (`None`: unknown).
+    fn new(s: u64, base: Option<u64>) -> Self;
+    /// The head word.
+    fn load(&self) -> u64;
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64>;
+    /// The slot and flags of a head word, without the base: what a check
+    /// compares to see whether the ring has moved on.
+    fn newest(raw: u64) -> u64;
+    /// The base of the slot of `raw` (a head word just loaded, no flags set),
+    /// if it is known.
+    fn base(&self, raw: u64) -> Option<u64>;
+    /// The head word that advances the ring to slot `s`: its base pending,
+    /// for the advancing thread to publish.
+    fn advanced(s: u64) -> u64;
+    /// Publish `base` (`None`: it does not fit, or is unknown) as the base of
+    /// `s`, if the head still waits for the base of `s`.
+    fn publish_base(&self, s: u64, base: Option<u64>);
+    /// Mark the base of `newest` (slot and flags) unknown, if the head is
+    /// still there: units it may count have been taken back.
+    fn forget_base(&self, newest: u64);
+    /// Set the head to slot `s` with `base`, by swaps: to end a reset (the
+    /// base first, so that the swap that clears the flag comes last).
+    fn set(&self, s: u64, base: Option<u64>);
+}
+
+/// The compact layout's head: `RESETTING | RETIRED | base (16 bits, at 46) | slot (46 bits)`.
+#[derive(Debug)]
+pub(crate) struct Compact(AtomicU64);
+
+const COMPACT_BASE_SHIFT: u32 = 46;
+const COMPACT_BASE_MASK: u64 = 0xFFFF << COMPACT_BASE_SHIFT;
+/// The base of a slot just entered: the advancing thread is summing it.
+const PENDING: u64 = 0xFFFF;
+/// A base that does not fit, or counts units since taken back.
+const UNKNOWN: u64 = 0xFFFE;
+
+impl Compact {
+    #[inline(always)]
+    fn word(s: u64, base: Option<u64>) -> u64 {
+        let base = base.filter(|&b| b < UNKNOWN).unwrap_or(UNKNOWN);
+        (base << COMPACT_BASE_SHIFT) | s
+    }
+}
+
+impl Head for Compact {
+    type Bucket = AtomicU32;
+    const MAX_SLOT: u64 = (1 << COMPACT_BASE_SHIFT) - 1;
+
+    fn new(s: u64, base: Option<u64>) -> Self {
+        Compact(AtomicU64::new(Compact::word(s, base)))
+    }
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        self.0.load(SeqCst)
+    }
+    #[inline(always)]
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+        self.0.compare_exchange(current, new, SeqCst, SeqCst)
+    }
+    #[inline(always)]
+    fn newest(raw: u64) -> u64 {
+        raw & !COMPACT_BASE_MASK
+    }
+    #[inline(always)]
+    fn base(&self, raw: u64) -> Option<u64> {
+        let base = (raw & COMPACT_BASE_MASK) >> COMPACT_BASE_SHIFT;
+        (base < UNKNOWN).then_some(base)
+    }
+    #[inline(always)]
+    fn advanced(s: u64) -> u64 {
+        (PENDING << COMPACT_BASE_SHIFT) | s
+    }
+    fn publish_base(&self, s: u64, base: Option<u64>) {
+        // Only from pending: a base forgotten meanwhile stays unknown.
+        let _ = self.compare_exchange(Self::advanced(s), Compact::word(s, base));
+    }
+    fn forget_base(&self, newest: u64) {
+        let mut raw = self.load();
+        while Self::newest(raw) == newest
+            && (raw & COMPACT_BASE_MASK) >> COMPACT_BASE_SHIFT != UNKNOWN
+        {
+            match self.compare_exchange(raw, Compact::word(newest, None)) {
+                Ok(_) => return,
+                Err(actual) => raw = actual,
+            }
+        }
+    }
+    fn set(&self, s: u64, base: Option<u64>) {
+        self.0.swap(Compact::word(s, base), SeqCst);
+    }
+}
+
+/// The wide layout's head: `newest` is `RESETTING | RETIRED | slot (60 bits)`;
+/// `base` is packed like a wide bucket, tagged with the slot it is the base
+/// of, its count [`WIDE_NO_BASE`] when unknown.
+#[derive(Debug)]
+pub(crate) struct Wide {
+    newest: AtomicU64,
+    base: AtomicU64,
+}
+
+/// The base count meaning "unknown" in the wide layout.
+const WIDE_NO_BASE: u64 = u32::MAX as u64;
+
+impl Wide {
+    #[inline(always)]
+    fn base_word(s: u64, base: Option<u64>) -> u64 {
+        let base = base.filter(|&b| b < WIDE_NO_BASE).unwrap_or(WIDE_NO_BASE);
+        pack::<AtomicU64>(s, base)
+    }
+}
+
+impl Head for Wide {
+    type Bucket = AtomicU64;
+    const MAX_SLOT: u64 = (1 << 60) - 1;
+
+    fn new(s: u64, base: Option<u64>) -> Self {
+        Wide {
+            newest: AtomicU64::new(s),
+            base: AtomicU64::new(Wide::base_word(s, base)),
+        }
+    }
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        self.newest.load(SeqCst)
+    }
+    #[inline(always)]
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+        self.newest.compare_exchange(current, new, SeqCst, SeqCst)
+    }
+    #[inline(always)]
+    fn newest(raw: u64) -> u64 {
+        raw
+    }
+    #[inline(always)]
+    fn base(&self, raw: u64) -> Option<u64> {
+        let base = self.base.load(SeqCst);
+        let c = count::<AtomicU64>(base);
+        (age::<AtomicU64>(raw, base) == 0 && c != WIDE_NO_BASE).then_some(c)
+    }
+    #[inline(always)]
+    fn advanced(s: u64) -> u64 {
+        s
+    }
+    fn publish_base(&self, s: u64, base: Option<u64>) {
+        // Only over the base of an older slot: a base of `s` already there
+        // (one forgotten meanwhile) stays.
+        let mut cell = self.base.load(SeqCst);
+        while age::<AtomicU64>(s, cell) > 0 {
+            match self
+                .base
+                .compare_exchange_weak(cell, Wide::base_word(s, base), SeqCst, SeqCst)
+            {
+                Ok(_) => return,
+                Err(actual) => cell = actual,
+            }
+        }
+    }
+    fn forget_base(&self, newest: u64) {
+        let base = self.base.load(SeqCst);
+        if age::<AtomicU64>(newest, base) == 0 && count::<AtomicU64>(base) != WIDE_NO_BASE {
+            let _ = self
+                .base
+                .compare_exchange(base, Wide::base_word(newest, None), SeqCst, SeqCst);
+        }
+    }
+    fn set(&self, s: u64, base: Option<u64>) {
+        self.base.swap(Wide::base_word(s, base), SeqCst);
+        self.newest.swap(s, SeqCst);
+    }
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn narrow_tags_compare_by_signed_16_bit_difference() {
+        type B = AtomicU32;
+        let cell = pack::<B>(65_530, 7);
+        assert_eq!(count::<B>(cell), 7);
+        assert_eq!(age::<B>(65_530, cell), 0);
+        // Across the 2^16 boundary: slot 65 540 is 10 slots after 65 530.
+        assert_eq!(age::<B>(65_540, cell), 10);
+        assert_eq!(age::<B>(65_520, cell), -10);
+        assert_eq!(age_bits::<B>(65_540, cell), 10);
+        assert!(
+            age_bits::<B>(65_520, cell) >= 1 << 15,
+            "newer reads as large"
+        );
+        // 2^16 slots on, the tag is the same: the protocol never lets that happen.
+        assert_eq!(age::<B>(65_530 + (1 << 16), cell), 0);
+    }
+
+    #[test]
+    fn wide_tags_compare_by_signed_32_bit_difference() {
+        type B = AtomicU64;
+        let cell = pack::<B>((1 << 32) - 3, 9);
+        assert_eq!(count::<B>(cell), 9);
+        assert_eq!(age::<B>((1 << 32) + 4, cell), 7);
+        assert_eq!(age::<B>((1 << 32) - 5, cell), -2);
+    }
+
+    #[test]
+    fn the_compact_head_keeps_slot_flags_and_base_apart() {
+        let head = Compact::new(Compact::MAX_SLOT, Some(65_533));
+        let raw = head.load();
+        assert_eq!(Compact::newest(raw), Compact::MAX_SLOT);
+        assert_eq!(head.base(raw), Some(65_533));
+        // A base too large to hold is unknown, as is a pending one.
+        assert_eq!(
+            Compact::new(5, Some(65_534)).base(5 | (UNKNOWN << 46)),
+            None
+        );
+        let advanced = Compact::advanced(6);
+        assert_eq!(Compact::newest(advanced), 6);
+        assert_eq!(head.base(advanced), None);
+        // Flags survive the base's bits.
+        let retired = raw | RETIRED;
+        assert_eq!(Compact::newest(retired), Compact::MAX_SLOT | RETIRED);
+    }
+
+    #[test]
+    fn a_base_forgotten_before_it_is_published_stays_unknown() {
+        for forget_first in [false, true] {
+            let head = Compact::new(4, Some(0));
+            head.compare_exchange(head.load(), Compact::advanced(5))
+                .unwrap();
+            if forget_first {
+                head.forget_base(5);
+            }
+            head.publish_base(5, Some(3));
+            let expected = if forget_first { None } else { Some(3) };
+            assert_eq!(head.base(head.load()), expected);
+            // A forget after the publish makes it unknown too.
+            head.forget_base(5);
+            assert_eq!(head.base(head.load()), None);
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Handing the memory of dropped tables back to the operating system.
+//!
+//! A limiter's keys live in a few large tables (see `table`), and a sweep
+//! that leaves a table with few keys frees it whole. An allocator that
+//! returns freed memory by itself (musl's, macOS's, jemalloc, mimalloc) then
+//! does. glibc's malloc, the system allocator of most Linux servers, often
+//! does not: a freed block it served from its heap stays resident unless it
+//! is at the heap's top, and after it has freed one mapped block of a size it
+//! serves later blocks of that size from the heap too (its mmap threshold
+//! rises to the size of every mapped block freed), so after a second flood
+//! nearly all of a limiter's tables come from the heap. The process then
+//! keeps the flood's high-water mark as its resident set.
+//!
+//! So the limiter counts the table memory it gives up (a table rebuilt
+//! smaller, a limiter dropped) and, at the end of a sweep round, once at
+//! least [`TRIM_AFTER_ROUND`] has been given up since the last time (or
+//! [`TRIM_AFTER`] within a round), asks glibc to return its free memory:
+//! `malloc_trim(0)`, which releases the free pages inside the heap as well as
+//! at its top. It takes a few milliseconds on a heap of hundreds of MiB, with
+//! glibc's arena locks held in turn, and runs only after large evictions.
+//! Elsewhere (another C library) this counts and does nothing else.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// Bytes of tables given up since the last trim, by every limiter of the process.
+static GIVEN_UP: AtomicUsize = AtomicUsize::new(0);
+
+/// Within a round of sweeps, trim once this much has been given up.
+pub(crate) const TRIM_AFTER: usize = 32 << 20;
+/// At the end of a round (or when a limiter is dropped), trim once this much has.
+pub(crate) const TRIM_AFTER_ROUND: usize = 1 << 20;
+
+/// Count `bytes` of table memory given up.
+pub(crate) fn given_up(bytes: usize) {
+    GIVEN_UP.fetch_add(bytes, Relaxed);
+}
+
+/// If at least `at_least` bytes were given up since the last trim, ask the
+/// allocator to return free memory to the system. True if it trimmed.
+pub(crate) fn trim_if(at_least: usize) -> bool {
+    if GIVEN_UP.load(Relaxed) < at_least || GIVEN_UP.swap(0, Relaxed) < at_least {
+        return false;
+    }
+    release_free_memory();
+    true
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn release_free_memory() {
+    // SAFETY: `malloc_trim` takes no pointer and touches no memory of ours;
+    // glibc documents it as MT-Safe (it takes each arena's lock in turn) and
+    // as only returning free memory to the system. The argument is the
+    // padding to keep at the heap's top. It is a no-op for memory another
+    // global allocator holds. Exercised by `tests/memory.rs`.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_memory() {}
+
+#[cfg(all(test, not(tsw_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trim_waits_until_enough_was_given_up_and_then_starts_over() {
+        // Other tests give up memory too (the counter is the process's), so
+        // only what this test alone decides is asserted.
+        given_up(usize::MAX / 4);
+        assert!(trim_if(usize::MAX / 4));
+        assert!(!trim_if(usize::MAX / 4), "the count started over");
+    }
+}
