@@ -71,6 +71,18 @@ fn workloads(c: &mut Criterion) {
         Keys::OwnRange(KEYS),
     );
     single_thread(c, "1t_100k_keys_denied", Load::Denied, Keys::OwnRange(KEYS));
+    single_thread(
+        c,
+        "1t_100k_keys_random_allowed",
+        Load::Allowed,
+        Keys::OwnRangeShuffled(KEYS),
+    );
+    single_thread(
+        c,
+        "1t_100k_keys_random_denied",
+        Load::Denied,
+        Keys::OwnRangeShuffled(KEYS),
+    );
     multi_thread(c, "2t_one_key_allowed", Load::Allowed, Keys::One);
     multi_thread(c, "2t_one_key_denied", Load::Denied, Keys::One);
     multi_thread(c, "2t_own_key_allowed", Load::Allowed, Keys::OwnKey);

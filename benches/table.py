@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turn criterion's estimates from `cargo bench --bench limiter` (and, if run,
-`--bench clock` / `--bench maps`) into markdown tables with ratios.
+`--bench clock`) into markdown tables with ratios.
 
 Usage: python3 benches/table.py [target/criterion]
 
@@ -29,7 +29,7 @@ def load():
 
 
 def threads(group):
-    return 2 if group.startswith(("2t_", "map_2t_")) else 1
+    return 2 if group.startswith("2t_") else 1
 
 
 def main():
@@ -80,15 +80,6 @@ def main():
             for f, v in rows:
                 print(f"| {f} | {v:.1f} |")
             print()
-
-    map_groups = sorted({g for g, _ in est if g.startswith("map_")})
-    if map_groups:
-        maps = ("dashmap", "dashmap_partitioned", "papaya", "scc_hash_index")
-        print("| map workload | " + " | ".join(f"{m} ns/iter" for m in maps) + " |")
-        print("|---|" + "---|" * len(maps))
-        for g in map_groups:
-            cells = [est.get((g, m)) for m in maps]
-            print(f"| {g} | " + " | ".join(f"{c:.1f}" if c else "–" for c in cells) + " |")
 
 
 main()

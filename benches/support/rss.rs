@@ -2,9 +2,11 @@
 //! limiter with a background sweeper tracks 1M keys, once they have gone idle
 //! and been swept with no traffic at all, after a second flood, and once the
 //! limiter is dropped: at once, after a quiet second, and once traffic (small
-//! allocations) resumes. Nothing calls `malloc_trim`: what the allocator gives
-//! back by itself is what shows. `benches/memory.rs` runs it on the system
-//! allocator, `benches/memory_mimalloc.rs` on mimalloc.
+//! allocations) resumes. The bench calls nothing of the allocator's: what it
+//! gives back by itself, or when the limiter asks (`malloc_trim` under glibc
+//! after large evictions, see `src/trim.rs`), is what shows.
+//! `benches/memory.rs` runs it on the system allocator,
+//! `benches/memory_mimalloc.rs` on mimalloc.
 //!
 //! Time is tokio's, paused: the limiter's default clock follows it, and the
 //! sweeper runs when the bench advances it. Wall times are the CPU the work
@@ -79,11 +81,17 @@ pub fn run(allocator: &str, heap: impl Fn() -> usize) {
         .start_paused(true)
         .build()
         .unwrap();
+    // RSS against the baseline (before the limiter) plus the live heap: how
+    // close the process comes to holding only what it uses.
+    let baseline = rss();
     let show = |step: &str| {
+        let (now, live) = (rss(), heap());
         println!(
-            "{allocator:<8} {step:<44} RSS {:7.1} MiB   heap {:7.1} MiB",
-            mib(rss()),
-            mib(heap())
+            "{allocator:<8} {step:<44} RSS {:7.1} MiB   heap {:7.1} MiB   RSS / (baseline + heap) \
+             {:5.2}",
+            mib(now),
+            mib(live),
+            now as f64 / (baseline + live) as f64
         );
     };
     runtime.block_on(async {
