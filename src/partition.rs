@@ -243,11 +243,12 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         let new = match live.len() + extra {
             0 => Arc::clone(&self.partition.empty),
             keys => {
-                let new = Table::new(slots_for(keys), g.ring_len());
+                let mut new = Table::new(slots_for(keys), g.ring_len());
                 for &i in &live {
                     if let Some(key) = old.key(i) {
                         let from = old.ring(i);
-                        new.insert(hasher.hash_one(key), key.clone(), |to| from.copy_to(g, &to));
+                        let hash = hasher.hash_one(key);
+                        new.insert_unshared(hash, key.clone(), |to| from.copy_to(g, &to));
                     }
                 }
                 Arc::new(new)

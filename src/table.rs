@@ -181,16 +181,44 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     /// `init` writes, then publish it; the slot. For the table's writer
     /// only, for a key the table does not hold, with an empty slot left.
     pub(crate) fn insert(&self, hash: u64, key: K, init: impl FnOnce(Ring<'_, H>)) -> usize {
-        let mut i = self.home(hash);
-        while self.ctrl[i / 8].load(Relaxed) >> (8 * (i % 8)) & 0x80 != 0 {
-            i = if i + 1 == self.slots() { 0 } else { i + 1 };
-        }
+        let i = self.empty_slot(hash);
         let set = self.entries[i].key.set(key);
         debug_assert!(set.is_ok(), "an empty slot held a key");
         init(self.ring(i));
         let word = &self.ctrl[i / 8];
         word.store(word.load(Relaxed) | tag(hash) << (8 * (i % 8)), Release);
         i
+    }
+
+    /// [`insert`](Self::insert) into a table no other thread holds yet (one
+    /// a rebuild is filling): the key and control byte are plain writes.
+    pub(crate) fn insert_unshared(
+        &mut self,
+        hash: u64,
+        key: K,
+        init: impl FnOnce(Ring<'_, H>),
+    ) -> usize {
+        let i = self.empty_slot(hash);
+        self.entries[i].key = OnceLock::from(key);
+        init(self.ring(i));
+        *self.ctrl[i / 8].get_mut() |= tag(hash) << (8 * (i % 8));
+        i
+    }
+
+    /// The first empty slot from `hash`'s home on, in the order `find`
+    /// probes (the table has one).
+    fn empty_slot(&self, hash: u64) -> usize {
+        let home = self.home(hash);
+        let mut w = home / 8;
+        let mut valid = u64::MAX << (8 * (home % 8));
+        loop {
+            let empty = !self.ctrl[w].load(Relaxed) & HI & valid;
+            if empty != 0 {
+                return w * 8 + (empty.trailing_zeros() / 8) as usize;
+            }
+            w = if w + 1 == self.ctrl.len() { 0 } else { w + 1 };
+            valid = u64::MAX;
+        }
     }
 }
 

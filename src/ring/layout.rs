@@ -16,6 +16,8 @@
 //! protocol keeps by resetting idle rings and normalising old tags at
 //! 2^(`TAG_BITS` - 2) (see the module docs of `ring`).
 
+#[cfg(not(tsw_loom))]
+use crate::sync::Ordering::Relaxed;
 use crate::sync::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::fmt::Debug;
 
@@ -36,7 +38,14 @@ pub(crate) trait Bucket: Send + Sync + Debug + Sized + 'static {
     fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64>;
     fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64>;
     fn swap(&self, value: u64) -> u64;
-    fn store(&self, value: u64);
+    /// A store to a word no other thread reads yet (a ring being made, in a
+    /// table or storage not yet published): relaxed, as the publication
+    /// (a release store, or a lock) orders it before any reader's access.
+    /// Under loom a swap: loom orders a plain store only partially against
+    /// the read-modify-writes that follow it, even after a publication, and
+    /// would let a later compare-and-swap read the word from before the store
+    /// (see `crate::sync`).
+    fn store_unpublished(&self, value: u64);
 }
 
 /// A cache line of bucket words: rings live in slices of these, so that a
@@ -102,8 +111,12 @@ impl Bucket for AtomicU32 {
     fn swap(&self, value: u64) -> u64 {
         AtomicU32::swap(self, value as u32, SeqCst) as u64
     }
-    fn store(&self, value: u64) {
-        AtomicU32::store(self, value as u32, SeqCst)
+    #[inline(always)]
+    fn store_unpublished(&self, value: u64) {
+        #[cfg(not(tsw_loom))]
+        AtomicU32::store(self, value as u32, Relaxed);
+        #[cfg(tsw_loom)]
+        AtomicU32::swap(self, value as u32, SeqCst);
     }
 }
 
@@ -126,8 +139,12 @@ impl Bucket for AtomicU64 {
     fn swap(&self, value: u64) -> u64 {
         AtomicU64::swap(self, value, SeqCst)
     }
-    fn store(&self, value: u64) {
-        AtomicU64::store(self, value, SeqCst)
+    #[inline(always)]
+    fn store_unpublished(&self, value: u64) {
+        #[cfg(not(tsw_loom))]
+        AtomicU64::store(self, value, Relaxed);
+        #[cfg(tsw_loom)]
+        AtomicU64::swap(self, value, SeqCst);
     }
 }
 

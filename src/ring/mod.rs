@@ -334,26 +334,27 @@ impl<'a, H: Head> Ring<'a, H> {
     /// bucket's range is held at its largest, never below a limit the layout
     /// takes; ages beyond `N` or before slot 0 are left out): the bucket at
     /// position `p`, and the base of `s`.
-    fn seeded_words(g: &Geometry, s: u64, counts: &[u64]) -> (impl Fn(usize) -> u64, Option<u64>) {
-        let counts: Vec<u64> = counts[..counts.len().min(g.ring_len())]
-            .iter()
-            .map(|&c| c.min(count_max::<H::Bucket>()))
-            .collect();
-        let base = counts
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|&(age, _)| age as u64 <= s)
-            .map(|(_, &c)| c)
+    fn seeded_words<'c>(
+        g: &Geometry,
+        s: u64,
+        counts: &'c [u64],
+    ) -> (impl Fn(usize) -> u64 + 'c, Option<u64>) {
+        let counts = &counts[..counts.len().min(g.ring_len())];
+        let held = |units: u64| units.min(count_max::<H::Bucket>());
+        let base = (1..)
+            .zip(counts.iter().skip(1))
+            .filter(|&(age, _)| age <= s)
+            .map(|(_, &units)| held(units))
             .sum::<u64>();
-        let geometry = *g;
+        let (len, at_s) = (g.ring_len(), g.position(s));
         let word = move |p: usize| {
             // The age of the slot of `s`'s span that lives at position `p`.
-            let a = (s % geometry.len + geometry.len - p as u64) % geometry.len;
+            let a = if p <= at_s { at_s - p } else { at_s + len - p } as u64;
             match counts.get(a as usize) {
-                Some(&units) if units > 0 && a <= s => pack::<H::Bucket>(s - a, units),
-                // Buckets without units hold the stale tags of an empty ring.
-                _ => pack::<H::Bucket>(geometry.stale_tag(s, p as u64), 0),
+                Some(&units) if units > 0 && a <= s => pack::<H::Bucket>(s - a, held(units)),
+                // Buckets without units hold the stale tags of an empty ring:
+                // one lap behind (as `Geometry::stale_tag`).
+                _ => pack::<H::Bucket>(s.wrapping_sub(a).wrapping_sub(len as u64), 0),
             }
         };
         (word, Some(base))
@@ -372,7 +373,7 @@ impl<'a, H: Head> Ring<'a, H> {
     pub(crate) fn init(&self, g: &Geometry, s: u64, counts: &[u64]) {
         let (word, base) = Self::seeded_words(g, s, counts);
         for p in 0..g.ring_len() {
-            self.word(p).store(word(p));
+            self.word(p).store_unpublished(word(p));
         }
         self.head.set(s, base);
     }
@@ -596,8 +597,20 @@ impl<'a, H: Head> Ring<'a, H> {
         // no flags), so its base, read now, stays the base of `s` (or
         // unknown); a base word of its own (wide) only ever over-counts.
         let base = self.head.base(raw);
-        for p in 0..g.ring_len() {
-            to.word(p).store(self.word(p).load());
+        let (len, words) = (g.ring_len(), LineOf::<H>::WORDS);
+        if self.start % words == 0 && to.start % words == 0 && len % words == 0 {
+            // Whole lines (the default rings): no arithmetic per word.
+            let from = &self.lines[self.start / words..][..len / words];
+            let into = &to.lines[to.start / words..][..len / words];
+            for (from, into) in from.iter().zip(into) {
+                for i in 0..words {
+                    into.word(i).store_unpublished(from.word(i).load());
+                }
+            }
+        } else {
+            for p in 0..len {
+                to.word(p).store_unpublished(self.word(p).load());
+            }
         }
         to.head.set(s, base);
     }
@@ -1234,7 +1247,7 @@ mod tests {
         // Slot 1001's bucket, as if last written normalize_age + 3 slots
         // before slot 1004, with a count that would deny everything if read.
         let aged = (1_004u64).wrapping_sub(normalize_age::<H::Bucket>() + 3);
-        ring.bucket(&g, 1_001).store(pack::<H::Bucket>(aged, 99));
+        ring.bucket(&g, 1_001).swap(pack::<H::Bucket>(aged, 99));
 
         // Entering slot 1004 scans the window (slots 1001..=1004).
         let d = ring.acquire(&g, slot(1_004), 1);
