@@ -210,8 +210,12 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
             }
         }
         let slots = self.table.slots();
-        if dropped > 0
-            && (slots > MIN_SLOTS || live == 0)
+        if dropped > 0 && live == 0 && slots > 0 {
+            // Every ring is retired, and only this writer could bring one
+            // back: the table can go without another pass over it.
+            self.replace(Arc::clone(&self.partition.empty), 0);
+        } else if dropped > 0
+            && slots > MIN_SLOTS
             && live * 10 < slots * 3
             && slots_for(live) < slots
         {
@@ -254,13 +258,18 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
                 Arc::new(new)
             }
         };
+        self.replace(new, live.len());
+        dropped
+    }
+
+    /// Publish `new`, holding `full` full slots, as the partition's table.
+    fn replace(&mut self, new: Arc<Table<K, H>>, full: usize) {
         // Memory given up (a table grown gives up none: the next growth
         // reuses what it frees), for the allocator to be asked to return.
-        trim::given_up(old.bytes().saturating_sub(new.bytes()));
+        trim::given_up(self.table.bytes().saturating_sub(new.bytes()));
         self.partition.table.store(Arc::clone(&new));
         self.table = new;
-        self.writer.full = live.len();
-        dropped
+        self.writer.full = full;
     }
 }
 
