@@ -72,15 +72,15 @@ const OVERFLOW_MARKS: usize = 1024;
 /// still in its window; that copy over-counts (the other keys' units too) for at
 /// most one window.
 ///
-/// **Memory:** about 246 bytes of heap per tracked key with the default 15
-/// buckets (239 MiB for 1M keys), and a few MiB for an empty limiter at a cap
-/// of 1M (a collector per partition). A dropped key's memory goes back to the
-/// allocator at once; whether the process's RSS falls is the allocator's
-/// choice. glibc's malloc keeps freed small blocks for reuse, so RSS stays at
-/// its high-water mark (about `max_keys` × 255 bytes after a flood that fills
-/// the cap); an allocator that returns memory (mimalloc, jemalloc) gives most
-/// of it back after a delay. The [memory guide](crate::guide::memory) has
-/// figures and what we recommend.
+/// **Memory:** keys live in a few large tables, each key's ring inline, with
+/// no allocation per key: about 113 bytes of heap per tracked u64 key (123
+/// for an `IpAddr`) with the default 15 buckets and a limit up to 65 535
+/// (108 MiB for 1M keys), twice the bucket bytes for larger limits, and a few
+/// KiB for an empty limiter. Tables shrink as their keys are dropped, and go
+/// back to the allocator whole; under glibc's malloc the limiter then asks
+/// for the memory to go back to the system too, so RSS falls after a flood
+/// without help from the application. The [memory guide](crate::guide::memory)
+/// has figures and what we recommend.
 ///
 /// **Time:** by default a limiter reads an [`AutoClock`], chosen when it is built:
 /// tokio's clock inside a paused tokio runtime (tests drive it with
@@ -572,7 +572,8 @@ impl Limiter<(), AutoClock> {
         }
     }
 
-    /// Default cap on tracked keys: 100 000 (about 25 MB with small keys).
+    /// Default cap on tracked keys: 100 000 (about 11 MiB with small keys and the
+    /// default policy).
     pub const DEFAULT_MAX_KEYS: usize = 100_000;
 }
 
@@ -1874,6 +1875,18 @@ mod tests {
         let never = l.check_n(&4, 2);
         assert_eq!(never.outcome(), Outcome::CostExceedsLimit);
         assert!(never.is_overflow(), "{never:?}");
+    }
+}
+
+#[cfg(test)]
+impl<K: Hash + Eq + Clone, C> Limiter<K, C> {
+    /// Where each partition's table is now (a new address after a rebuild).
+    pub(crate) fn table_addresses(&self) -> Vec<usize> {
+        with_state!(&self.state, state => state
+            .partitions
+            .iter()
+            .map(|p| Arc::as_ptr(&p.table()) as usize)
+            .collect())
     }
 }
 

@@ -446,3 +446,134 @@ fn an_overflow_check_moved_into_its_keys_new_ring_is_counted_there_once() {
     let usage = limiter.usage(&Key(1));
     assert_eq!(usage.used, 3, "{usage:?}");
 }
+
+/// Threads check a few watched keys while another floods the limiter with
+/// new keys and sweeps it, and the clock steps on: with one partition, every
+/// table rebuild (growing for the flood, shrinking once the flood's keys are
+/// idle and swept, purging the tombstones of swept keys) moves the watched
+/// keys' rings under the checking threads, and watched keys that idle are
+/// swept and revive in place. Every admission is recorded by slot: no span of
+/// a watched key may hold more than the limit.
+#[test]
+fn rings_moved_by_table_rebuilds_under_racing_checks_never_over_admit() {
+    // Buckets of 1 µs take wide rings, of 20 µs compact ones.
+    for width in [WIDTH, 20 * WIDTH] {
+        moved_under_racing_checks(width);
+    }
+}
+
+fn moved_under_racing_checks(width: u64) {
+    const WATCHED: u64 = 4;
+    const CHECKS: usize = 100_000;
+    let clock = ManualClock::new();
+    let policy = Policy::builder()
+        .limit(LIMIT as u32)
+        .window(Duration::from_nanos(BUCKETS * width))
+        .buckets(BUCKETS as u32)
+        .build()
+        .unwrap();
+    // A cap under 2 × 4096: one partition, so every rebuild moves every key.
+    let limiter: Limiter<u64, ManualClock> = Limiter::builder(policy)
+        .clock(clock.clone())
+        .max_keys(4_000)
+        .build()
+        .unwrap();
+    assert_eq!(limiter.table_addresses().len(), 1);
+    let done = AtomicUsize::new(0);
+    let finished = AtomicBool::new(false);
+    let alarm = AtomicBool::new(false);
+    // The two workers, the flood and this thread, which steps the clock.
+    let start = Barrier::new(4);
+    let (records, rebuilds) = thread::scope(|s| {
+        let workers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (limiter, done, alarm, start) = (&limiter, &done, &alarm, &start);
+                s.spawn(move || {
+                    let _alarm = PanicAlarm(alarm);
+                    let mut rng = Rng(0x7ab1e ^ (t + 1));
+                    start.wait();
+                    (0..CHECKS)
+                        .map(|_| {
+                            let key = rng.below(WATCHED);
+                            let d = limiter.check(&key);
+                            done.fetch_add(1, SeqCst);
+                            Record {
+                                key: key as u8,
+                                slot: d.recorded_slot(),
+                                cost: 1,
+                                allowed: d.is_allowed(),
+                                room_after: false,
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let flood = {
+            let (limiter, finished, alarm, start) = (&limiter, &finished, &alarm, &start);
+            s.spawn(move || {
+                let _alarm = PanicAlarm(alarm);
+                // Rebuilds seen: the table's address changed since the last
+                // look (a lower bound: a new table may reuse an old address).
+                let (mut rebuilds, mut last) = (0, limiter.table_addresses());
+                let mut look = |rebuilds: &mut usize| {
+                    let now = limiter.table_addresses();
+                    *rebuilds += usize::from(now != last);
+                    last = now;
+                };
+                let mut key = 1_000u64;
+                start.wait();
+                while !finished.load(SeqCst) {
+                    for _ in 0..50 {
+                        let _ = limiter.check(&key);
+                        key += 1;
+                    }
+                    look(&mut rebuilds);
+                    limiter.evict_idle();
+                    look(&mut rebuilds);
+                }
+                rebuilds
+            })
+        };
+        // The clock: a step every 40 checks of the watched keys, mostly within
+        // a bucket, sometimes past a window (the flood's keys and idle watched
+        // keys are then swept).
+        let mut rng = Rng(0xc10c);
+        start.wait();
+        while done.load(SeqCst) < 2 * CHECKS {
+            assert!(!alarm.load(SeqCst), "a thread panicked");
+            let due = done.load(SeqCst) / 40;
+            clock.set((due as u64 * WIDTH / 3 + step(&mut rng) / 8) * (width / WIDTH));
+            thread::yield_now();
+        }
+        let records: Vec<Record> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        finished.store(true, SeqCst);
+        (records, flood.join().unwrap())
+    });
+    for key in 0..WATCHED as u8 {
+        let admitted = per_slot(&records, |r| r.allowed && r.key == key);
+        for &x in admitted.keys() {
+            let units = span(&admitted, x + BUCKETS);
+            assert!(
+                units <= LIMIT,
+                "{units} units admitted for key {key} in slots {x}..={}",
+                x + BUCKETS
+            );
+        }
+    }
+    let allowed = records.iter().filter(|r| r.allowed).count();
+    let stats = limiter.stats();
+    println!(
+        "rebuilds under racing checks, buckets of {width} ns: {} checks of {WATCHED} watched \
+         keys, {allowed} admitted; \
+         at least {rebuilds} rebuilds; {} keys evicted",
+        records.len(),
+        stats.keys_evicted
+    );
+    assert!(allowed > 0);
+    assert!(rebuilds > 50, "{rebuilds} rebuilds");
+    assert!(stats.keys_evicted > 1_000, "{stats:?}");
+}
