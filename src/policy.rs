@@ -70,9 +70,10 @@ pub struct Policy {
 impl Policy {
     /// The default number of buckets.
     ///
-    /// 15 buckets make a ring of 16 counters (128 bytes, two cache lines, indexed by
-    /// a mask), put `retry_after` within 1/15 of the window, and keep strict-mode
-    /// utilisation at saturation at 15/16 ≈ 94% or better.
+    /// 15 buckets make a ring of 16 counters (64 bytes, one cache line, for a
+    /// limit up to 65 535; indexed by a mask), put `retry_after` within 1/15 of
+    /// the window, and keep strict-mode utilisation at saturation at 15/16 ≈
+    /// 94% or better.
     pub const DEFAULT_BUCKETS: u32 = 15;
     /// The most buckets a window may be cut into.
     pub const MAX_BUCKETS: u32 = 4096;
