@@ -1878,7 +1878,7 @@ mod tests {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(tsw_loom)))]
 impl<K: Hash + Eq + Clone, C> Limiter<K, C> {
     /// Where each partition's table is now (a new address after a rebuild).
     pub(crate) fn table_addresses(&self) -> Vec<usize> {
@@ -1893,6 +1893,7 @@ impl<K: Hash + Eq + Clone, C> Limiter<K, C> {
 #[cfg(test)]
 impl<K, C> Limiter<K, C> {
     /// The state of a limiter whose rings are compact (as the tests' are).
+    #[cfg(not(tsw_loom))]
     fn compact(&self) -> &State<K, C, Compact> {
         match &self.state {
             Shared::Compact(state) => state,

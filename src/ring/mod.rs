@@ -620,7 +620,7 @@ impl<'a, H: Head> Ring<'a, H> {
     }
 
     /// Whether the ring is idle at `now` (see `idle`), read once.
-    #[cfg(test)]
+    #[cfg(all(test, not(tsw_loom)))]
     pub(crate) fn is_idle(&self, g: &Geometry, now: u64) -> bool {
         idle::<H>(g, self.head.load(), now)
     }
@@ -1059,6 +1059,19 @@ impl Decision {
     }
 }
 
+/// A test (or loom model) generic over the layout, run once for each.
+#[cfg(test)]
+macro_rules! for_both_layouts {
+    ($($name:ident),* $(,)?) => {
+        mod compact {
+            $( #[test] fn $name() { super::$name::<crate::ring::Compact>() } )*
+        }
+        mod wide {
+            $( #[test] fn $name() { super::$name::<crate::ring::Wide>() } )*
+        }
+    };
+}
+
 #[cfg(all(test, not(tsw_loom)))]
 mod tests {
     use super::*;
@@ -1076,18 +1089,6 @@ mod tests {
     }
 
     const MS: u64 = 1_000_000;
-
-    /// Each test, once for each layout.
-    macro_rules! for_both_layouts {
-        ($($name:ident),* $(,)?) => {
-            mod compact {
-                $( #[test] fn $name() { super::$name::<crate::ring::Compact>() } )*
-            }
-            mod wide {
-                $( #[test] fn $name() { super::$name::<crate::ring::Wide>() } )*
-            }
-        };
-    }
 
     for_both_layouts!(
         a_seeded_ring_decides_as_the_ring_whose_checks_recorded_its_counts,
@@ -1571,7 +1572,6 @@ mod tests {
 #[cfg(all(test, tsw_loom))]
 mod loom_tests {
     use super::*;
-    use crate::ring::{Compact, Wide};
     use loom::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -1583,18 +1583,6 @@ mod loom_tests {
             .build()
             .unwrap();
         Geometry::new(&policy)
-    }
-
-    /// Each model, once for each layout.
-    macro_rules! for_both_layouts {
-        ($($name:ident),* $(,)?) => {
-            mod compact {
-                $( #[test] fn $name() { super::$name::<crate::ring::Compact>() } )*
-            }
-            mod wide {
-                $( #[test] fn $name() { super::$name::<crate::ring::Wide>() } )*
-            }
-        };
     }
 
     for_both_layouts!(
