@@ -161,11 +161,22 @@ impl Geometry {
         p as usize
     }
 
+    /// The age, relative to slot `s`, of the slot of `s`'s span that lives at
+    /// ring position `p` (0-based): how far `p` lies behind `s`'s position.
+    #[inline(always)]
+    fn age_at(&self, s: u64, p: usize) -> u64 {
+        let at_s = self.position(s);
+        (if p <= at_s {
+            at_s - p
+        } else {
+            at_s + self.len as usize - p
+        }) as u64
+    }
+
     /// The stale tag for ring position `p` (0-based) relative to slot `s`: one lap
     /// behind the slot of `s`'s span that lives at `p`. Only the low tag bits matter.
-    fn stale_tag(&self, s: u64, p: u64) -> u64 {
-        let back = (s % self.len + self.len - p) % self.len;
-        s.wrapping_sub(back).wrapping_sub(self.len)
+    fn stale_tag(&self, s: u64, p: usize) -> u64 {
+        s.wrapping_sub(self.age_at(s, p)).wrapping_sub(self.len)
     }
 
     /// The time from `now` until slot `slot` begins (zero if it has).
@@ -346,15 +357,13 @@ impl<'a, H: Head> Ring<'a, H> {
             .filter(|&(age, _)| age <= s)
             .map(|(_, &units)| held(units))
             .sum::<u64>();
-        let (len, at_s) = (g.ring_len(), g.position(s));
+        let geometry = *g;
         let word = move |p: usize| {
-            // The age of the slot of `s`'s span that lives at position `p`.
-            let a = if p <= at_s { at_s - p } else { at_s + len - p } as u64;
+            let a = geometry.age_at(s, p);
             match counts.get(a as usize) {
                 Some(&units) if units > 0 && a <= s => pack::<H::Bucket>(s - a, held(units)),
-                // Buckets without units hold the stale tags of an empty ring:
-                // one lap behind (as `Geometry::stale_tag`).
-                _ => pack::<H::Bucket>(s.wrapping_sub(a).wrapping_sub(len as u64), 0),
+                // Buckets without units hold the stale tags of an empty ring.
+                _ => pack::<H::Bucket>(geometry.stale_tag(s, p), 0),
             }
         };
         (word, Some(base))
@@ -657,8 +666,7 @@ impl<'a, H: Head> Ring<'a, H> {
         // all writes to it are totally ordered also in loom, which orders a plain
         // store racing RMWs only partially and would report false over-admissions.
         for p in 0..g.ring_len() {
-            self.word(p)
-                .swap(pack::<H::Bucket>(g.stale_tag(s, p as u64), 0));
+            self.word(p).swap(pack::<H::Bucket>(g.stale_tag(s, p), 0));
         }
         self.head.set(s, Some(0));
         Some(s)
@@ -733,9 +741,8 @@ impl<'a, H: Head> Ring<'a, H> {
                         scan.oldest = c;
                     }
                 }
-            } else if a as u64 >= normalize_age::<H::Bucket>() {
-                let fresh = pack::<H::Bucket>(g.stale_tag(s, p as u64), 0);
-                let _ = bucket.compare_exchange(cell, fresh);
+            } else {
+                self.renew_if_aged(g, s, p, cell);
             }
         }
         scan
@@ -745,13 +752,17 @@ impl<'a, H: Head> Ring<'a, H> {
     /// stale tag (it counts nothing either way).
     fn normalize(&self, g: &Geometry, s: u64) {
         for p in 0..g.ring_len() {
-            let bucket = self.word(p);
-            let cell = bucket.load();
-            let a = age::<H::Bucket>(s, cell);
-            if a > 0 && a as u64 >= normalize_age::<H::Bucket>() {
-                let fresh = pack::<H::Bucket>(g.stale_tag(s, p as u64), 0);
-                let _ = bucket.compare_exchange(cell, fresh);
-            }
+            self.renew_if_aged(g, s, p, self.word(p).load());
+        }
+    }
+
+    /// Rewrite the bucket at position `p`, read as `cell`, to a fresh stale
+    /// tag if it is at least `normalize_age` behind `s` (a newer one is left).
+    fn renew_if_aged(&self, g: &Geometry, s: u64, p: usize, cell: u64) {
+        let a = age::<H::Bucket>(s, cell);
+        if a > 0 && a as u64 >= normalize_age::<H::Bucket>() {
+            let fresh = pack::<H::Bucket>(g.stale_tag(s, p), 0);
+            let _ = self.word(p).compare_exchange(cell, fresh);
         }
     }
 
