@@ -78,12 +78,7 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
     pub(crate) fn write(&self) -> Writing<'_, K, H> {
         // The lock guards the writer's own counts: a poisoned one is as good
         // as any (a panic leaves the table as a whole, published or not).
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        Writing {
-            partition: self,
-            table: self.table.load_full(),
-            writer,
-        }
+        self.writing(self.writer.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The writer's lock if no one holds it: for the sweeps checks make,
@@ -94,11 +89,17 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        Some(Writing {
+        Some(self.writing(writer))
+    }
+
+    /// The lock `writer`, held, with the table it may change: the current
+    /// one, as only the lock's holder replaces it.
+    fn writing<'p>(&'p self, writer: MutexGuard<'p, Writer>) -> Writing<'p, K, H> {
+        Writing {
             partition: self,
             table: self.table.load_full(),
             writer,
-        })
+        }
     }
 
     /// Calls `f` with `key`'s ring, or `None` if the key is not tracked. A
@@ -136,9 +137,10 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
         }
     }
 
-    /// Whether the table holds no key (tombstones count as keys).
+    /// Whether the table has no slot (no key, not even a dropped one): a
+    /// table switches to that once a sweep drops its last key. No lock.
     pub(crate) fn is_empty(&self) -> bool {
-        self.write().writer.full == 0
+        self.table().slots() == 0
     }
 }
 
