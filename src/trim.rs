@@ -38,7 +38,10 @@ pub(crate) fn given_up(bytes: usize) {
 /// If at least `at_least` bytes were given up since the last trim, ask the
 /// allocator to return free memory to the system. True if it trimmed.
 pub(crate) fn trim_if(at_least: usize) -> bool {
-    if GIVEN_UP.load(Relaxed) < at_least || GIVEN_UP.swap(0, Relaxed) < at_least {
+    // Start the count over only when this call trims, so that a count other
+    // threads add meanwhile is never lost.
+    let due = GIVEN_UP.fetch_update(Relaxed, Relaxed, |n| (n >= at_least).then_some(0));
+    if due.is_err() {
         return false;
     }
     release_free_memory();
