@@ -83,17 +83,21 @@ fn step(rng: &mut Rng) -> u64 {
     }
 }
 
+/// `LIMIT` units per `BUCKETS` buckets of `width` ns.
+fn policy(width: u64) -> Policy {
+    Policy::builder()
+        .limit(LIMIT as u32)
+        .window(Duration::from_nanos(BUCKETS * width))
+        .buckets(BUCKETS as u32)
+        .build()
+        .unwrap()
+}
+
 /// Run the threads; `cost` picks each check's cost from a per-thread generator.
 fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, ManualClock>) {
     let clock = ManualClock::new();
-    let policy = Policy::builder()
-        .limit(LIMIT as u32)
-        .window(Duration::from_nanos(BUCKETS * WIDTH))
-        .buckets(BUCKETS as u32)
-        .build()
-        .unwrap();
     let limiter = Arc::new(
-        Limiter::builder(policy)
+        Limiter::builder(policy(WIDTH))
             .clock(clock.clone())
             // One partition: every sweep step visits both keys.
             .max_keys(4)
@@ -466,14 +470,8 @@ fn moved_under_racing_checks(width: u64) {
     const WATCHED: u64 = 4;
     const CHECKS: usize = 100_000;
     let clock = ManualClock::new();
-    let policy = Policy::builder()
-        .limit(LIMIT as u32)
-        .window(Duration::from_nanos(BUCKETS * width))
-        .buckets(BUCKETS as u32)
-        .build()
-        .unwrap();
     // A cap under 2 × 4096: one partition, so every rebuild moves every key.
-    let limiter: Limiter<u64, ManualClock> = Limiter::builder(policy)
+    let limiter: Limiter<u64, ManualClock> = Limiter::builder(policy(width))
         .clock(clock.clone())
         .max_keys(4_000)
         .build()
