@@ -1336,7 +1336,7 @@ mod tests {
     #[test]
     fn keys_are_found_while_their_tables_are_rebuilt_under_them() {
         // One partition (a cap of 10 000), grown by a new key at a time from
-        // 8 slots to thousands: every rebuild moves the keys already there,
+        // room for 8 keys to thousands: every rebuild moves the keys already there,
         // which must keep their counts.
         let (l, clock) = limiter(3, 10_000);
         assert_eq!(l.compact().partitions.len(), 2);
@@ -1354,25 +1354,25 @@ mod tests {
             }
         }
         // Then all go idle but one, and the sweeps hand the tables back.
-        let slots_before: usize = l
+        let room_before: usize = l
             .compact()
             .partitions
             .iter()
-            .map(|p| p.table().slots())
+            .map(|p| p.table().capacity())
             .sum();
         clock.advance(Duration::from_millis(1200));
         assert!(l.check(&5).is_allowed());
         l.evict_idle();
         assert_eq!(l.stats().keys_evicted, 5_999);
-        let slots: usize = l
+        let room: usize = l
             .compact()
             .partitions
             .iter()
-            .map(|p| p.table().slots())
+            .map(|p| p.table().capacity())
             .sum();
         assert!(
-            slots <= 16 && slots_before > 6_000,
-            "{slots_before} -> {slots} slots"
+            room <= 16 && room_before >= 6_000,
+            "room for {room_before} keys, then {room}"
         );
         assert_eq!(l.usage(&5).used, 1);
         assert_eq!(l.stats().keys_tracked, 1);

@@ -8,13 +8,14 @@
 //! it lets go (arc-swap). So memory follows the keys: a table is one
 //! allocation per array, and one that has emptied is handed back whole.
 //!
-//! Sizes: a table is full at 9 slots in 10 (tombstones count); a rebuild
-//! leaves its keys at 3 slots in 4 (1 in 2 while it is small, where memory
-//! hardly matters and rebuilds would come often); a sweep that leaves under 3
-//! slots in 10 live rebuilds the table smaller.
+//! Sizes: a table is full when every position is filled (tombstones count);
+//! a rebuild leaves room for a fifth more keys than it holds (as many again
+//! while it is small, where memory hardly matters and rebuilds would come
+//! often); a sweep that leaves under 3 keys in 10 of the room live rebuilds
+//! the table smaller. Rebuilds keep the keys' order.
 
 use crate::ring::{Geometry, Head, Retired, Ring};
-use crate::table::{Table, MIN_SLOTS};
+use crate::table::{Table, MIN_CAPACITY};
 use crate::trim;
 use arc_swap::{ArcSwap, Guard};
 use std::hash::{BuildHasher, Hash};
@@ -24,37 +25,31 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// See the module docs.
 pub(crate) struct Partition<K, H: Head> {
     table: ArcSwap<Table<K, H>>,
-    writer: Mutex<Writer>,
-    /// A table of no slots, the table while the partition holds no key: a
+    /// The writer's lock: adding keys, sweeping and replacing the table.
+    writer: Mutex<()>,
+    /// A table of no room, the table while the partition holds no key: a
     /// sweep that drops every key switches to it without allocating, so the
     /// memory it frees is not dotted with new small blocks (which would keep
     /// their pages resident under glibc, see `trim`).
     empty: Arc<Table<K, H>>,
 }
 
-/// What the writer keeps about the current table.
-#[derive(Debug)]
-struct Writer {
-    /// Full slots (tombstones included).
-    full: usize,
-}
-
 /// Where a key stands in the current table, as its writer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Slot {
-    /// In slot `.0`, in use.
+    /// At position `.0`, in use.
     Live(usize),
-    /// In slot `.0`, its ring retired (the key was dropped as idle).
+    /// At position `.0`, its ring retired (the key was dropped as idle).
     Retired(usize),
     Absent,
 }
 
-/// The slots a table holding `keys` keys gets when it is rebuilt (none for none).
-fn slots_for(keys: usize) -> usize {
+/// The room a table holding `keys` keys gets when it is rebuilt (none for none).
+fn capacity_for(keys: usize) -> usize {
     if keys < 48 {
         keys * 2
     } else {
-        keys + keys.div_ceil(3)
+        keys + keys.div_ceil(5)
     }
 }
 
@@ -63,7 +58,7 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
         let empty = Arc::new(Table::new(0, ring_len));
         Partition {
             table: ArcSwap::new(Arc::clone(&empty)),
-            writer: Mutex::new(Writer { full: 0 }),
+            writer: Mutex::new(()),
             empty,
         }
     }
@@ -76,8 +71,8 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
 
     /// Wait for the writer's lock, then hold it.
     pub(crate) fn write(&self) -> Writing<'_, K, H> {
-        // The lock guards the writer's own counts: a poisoned one is as good
-        // as any (a panic leaves the table as a whole, published or not).
+        // The lock guards no data of its own: a poisoned one is as good as
+        // any (a panic leaves the table as a whole, published or not).
         self.writing(self.writer.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -94,11 +89,11 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
 
     /// The lock `writer`, held, with the table it may change: the current
     /// one, as only the lock's holder replaces it.
-    fn writing<'p>(&'p self, writer: MutexGuard<'p, Writer>) -> Writing<'p, K, H> {
+    fn writing<'p>(&'p self, writer: MutexGuard<'p, ()>) -> Writing<'p, K, H> {
         Writing {
             partition: self,
             table: self.table.load_full(),
-            writer,
+            _writer: writer,
         }
     }
 
@@ -129,7 +124,7 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
     /// run meanwhile).
     pub(crate) fn for_each(&self, mut f: impl FnMut(&K, Ring<'_, H>)) {
         let table = self.table();
-        for i in table.full_slots() {
+        for i in table.positions() {
             let ring = table.ring(i);
             if let (Some(key), false) = (table.key(i), ring.is_retired()) {
                 f(key, ring);
@@ -137,10 +132,10 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
         }
     }
 
-    /// Whether the table has no slot (no key, not even a dropped one): a
-    /// table switches to that once a sweep drops its last key. No lock.
+    /// Whether the table has no room (no key, not even a dropped one): a
+    /// partition switches to that once a sweep drops its last key. No lock.
     pub(crate) fn is_empty(&self) -> bool {
-        self.table().slots() == 0
+        self.table().capacity() == 0
     }
 }
 
@@ -155,7 +150,7 @@ impl<K, H: Head> Partition<K, H> {
 pub(crate) struct Writing<'p, K, H: Head> {
     partition: &'p Partition<K, H>,
     table: Arc<Table<K, H>>,
-    writer: MutexGuard<'p, Writer>,
+    _writer: MutexGuard<'p, ()>,
 }
 
 impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
@@ -168,7 +163,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         }
     }
 
-    /// Bring back the retired ring of slot `i` at slot `s` holding `counts`
+    /// Bring back the retired ring at position `i` at slot `s` holding `counts`
     /// ([`Ring::revive`]).
     pub(crate) fn revive(&self, i: usize, g: &Geometry, s: u64, counts: &[u64]) {
         self.table.ring(i).revive(g, s, counts);
@@ -189,12 +184,11 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
     ) -> usize {
         let (g, s, counts) = init;
         let mut dropped = 0;
-        if (self.writer.full + 1) * 10 > self.table.slots() * 9 {
+        if self.table.len() == self.table.capacity() {
             swept_at.fetch_max(now, SeqCst);
             dropped = self.rebuild(g, now, hasher, 1);
         }
         self.table.insert(hash, key, |ring| ring.init(g, s, counts));
-        self.writer.full += 1;
         dropped
     }
 
@@ -203,7 +197,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
     /// retired rings with one load each). How many.
     pub(crate) fn sweep<S: BuildHasher>(&mut self, g: &Geometry, now: u64, hasher: &S) -> usize {
         let (mut live, mut dropped) = (0, 0);
-        for i in self.table.full_slots() {
+        for i in self.table.positions() {
             let ring = self.table.ring(i);
             if ring.retire(g, now) {
                 dropped += 1;
@@ -211,15 +205,15 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
                 live += 1;
             }
         }
-        let slots = self.table.slots();
-        if dropped > 0 && live == 0 && slots > 0 {
+        let capacity = self.table.capacity();
+        if dropped > 0 && live == 0 && capacity > 0 {
             // Every ring is retired, and only this writer could bring one
             // back: the table can go without another pass over it.
-            self.replace(Arc::clone(&self.partition.empty), 0);
+            self.replace(Arc::clone(&self.partition.empty));
         } else if dropped > 0
-            && slots > MIN_SLOTS
-            && live * 10 < slots * 3
-            && slots_for(live) < slots
+            && capacity > MIN_CAPACITY
+            && live * 10 < capacity * 3
+            && capacity_for(live) < capacity
         {
             dropped += self.rebuild(g, now, hasher, 0);
         }
@@ -239,7 +233,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         let old = Arc::clone(&self.table);
         let mut live = Vec::new();
         let mut dropped = 0;
-        for i in old.full_slots() {
+        for i in old.positions() {
             match old.ring(i).retire_to_move(g, now) {
                 Retired::Already => {}
                 Retired::Idle => dropped += 1,
@@ -249,7 +243,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         let new = match live.len() + extra {
             0 => Arc::clone(&self.partition.empty),
             keys => {
-                let mut new = Table::new(slots_for(keys), g.ring_len());
+                let mut new = Table::new(capacity_for(keys), g.ring_len());
                 for &i in &live {
                     if let Some(key) = old.key(i) {
                         let from = old.ring(i);
@@ -260,18 +254,17 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
                 Arc::new(new)
             }
         };
-        self.replace(new, live.len());
+        self.replace(new);
         dropped
     }
 
-    /// Publish `new`, holding `full` full slots, as the partition's table.
-    fn replace(&mut self, new: Arc<Table<K, H>>, full: usize) {
+    /// Publish `new` as the partition's table.
+    fn replace(&mut self, new: Arc<Table<K, H>>) {
         // Memory given up (a table grown gives up none: the next growth
         // reuses what it frees), for the allocator to be asked to return.
         trim::given_up(self.table.bytes().saturating_sub(new.bytes()));
         self.partition.table.store(Arc::clone(&new));
         self.table = new;
-        self.writer.full = full;
     }
 }
 
@@ -333,11 +326,14 @@ mod tests {
         for k in 0..5_000u64 {
             assert_eq!(used(&p, &g, &h, k, 0), Some((k % 3) as u32), "key {k}");
         }
-        let slots = p.table().slots();
+        // Grown a fifth at a time, and in the order the keys came.
+        let table = p.table();
+        let capacity = table.capacity();
         assert!(
-            slots * 9 / 10 >= 5_000 && slots * 7 / 10 <= 5_000,
-            "{slots} slots"
+            capacity >= 5_000 && capacity * 5 / 6 <= 5_000,
+            "room for {capacity}"
         );
+        assert!(table.positions().all(|i| table.key(i) == Some(&(i as u64))));
     }
 
     #[test]
@@ -346,7 +342,7 @@ mod tests {
         for k in 0..4_000u64 {
             track(&p, &g, &h, k, 0);
         }
-        let big = p.table().slots();
+        let big = p.table().capacity();
         // Key 7 is used again 2 s later; the rest are idle at 2.5 s.
         let hash = h.hash_one(7u64);
         {
@@ -356,11 +352,12 @@ mod tests {
         }
         let old = p.table();
         assert_eq!(p.write().sweep(&g, 2_500 * MS, &h), 3_999);
-        assert!(p.table().slots() < big / 100, "{} slots", p.table().slots());
+        let capacity = p.table().capacity();
+        assert!(capacity < big / 100, "room for {capacity}");
         assert_eq!(used(&p, &g, &h, 7, 2_500 * MS), Some(2));
         assert_eq!(used(&p, &g, &h, 8, 2_500 * MS), None);
         // The old table's rings are all retired: a check holding one fails.
-        assert!(old.full_slots().all(|i| old.ring(i).is_retired()));
+        assert!(old.positions().all(|i| old.ring(i).is_retired()));
     }
 
     #[test]
@@ -374,9 +371,9 @@ mod tests {
             let ring = table.ring(table.find(h.hash_one(k), &k).unwrap());
             assert!(ring.acquire(&g, 1_500 * MS, 1).is_allowed());
         }
-        let slots = p.table().slots();
+        let capacity = p.table().capacity();
         assert_eq!(p.write().sweep(&g, 2_000 * MS, &h), 50);
-        assert_eq!(p.table().slots(), slots, "not rebuilt");
+        assert_eq!(p.table().capacity(), capacity, "not rebuilt");
         assert_eq!(used(&p, &g, &h, 3, 2_000 * MS), None);
         let hash = h.hash_one(3u64);
         let w = p.write();
@@ -396,23 +393,27 @@ mod tests {
             track(&p, &g, &h, k, 0);
         }
         // All but key 0 went idle and were retired in place by sweeps
-        // (which rebuild only below 3 live slots in 10: force in place).
+        // (which rebuild only below 3 live keys in 10: force in place).
         let table = p.table();
-        for i in table.full_slots() {
+        for i in table.positions() {
             if table.key(i) != Some(&0) {
                 assert!(table.ring(i).retire(&g, 3_000 * MS) || table.ring(i).is_retired());
             }
         }
         drop(table);
-        let slots = p.table().slots();
-        // New keys fill the free slots, then a rebuild purges the tombstones.
+        let capacity = p.table().capacity();
+        // New keys fill the free room, then a rebuild purges the tombstones.
         let mut k = 10_000u64;
-        while p.table().slots() == slots {
+        while p.table().capacity() == capacity {
             track(&p, &g, &h, k, 0);
             k += 1;
         }
-        assert!(p.table().slots() < slots / 2, "{} slots", p.table().slots());
         let table = p.table();
-        assert!(table.full_slots().all(|i| !table.ring(i).is_retired()));
+        assert!(
+            table.capacity() < capacity / 2,
+            "room for {}",
+            table.capacity()
+        );
+        assert!(table.positions().all(|i| !table.ring(i).is_retired()));
     }
 }

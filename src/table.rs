@@ -1,40 +1,55 @@
-//! An open-addressing table of keys and their rings, held inline: one
-//! allocation per array, none per key.
+//! An open-addressing index over keys and rings held inline, in the order
+//! they were added: one allocation per array, none per key.
+//!
+//! A table has room for `capacity` keys, at positions filled front to back:
+//! position `i` holds a key and its ring's head (`entries[i]`) and the ring's
+//! buckets (`ring_len` words of `lines` from `i * ring_len`). An index of
+//! control bytes and positions, a quarter larger than the capacity, finds a
+//! key's position by its hash. The large arrays need no slack for probing
+//! (only the index, at 5 bytes a slot, has it), and keys first seen together
+//! lie together: sweeps and rebuilds read the arrays front to back, and
+//! checks of keys in the order they arrived read them the same way, which the
+//! hardware prefetcher serves ahead of the check.
 //!
 //! # Invariant
 //!
-//! - **Written once.** A slot is filled once in a table's life, by the
+//! - **Written once.** A position is filled once in a table's life, by the
 //!   table's one writer (its partition's lock holder): the key is set, the
-//!   ring written, then the slot's control byte is published with `Release`.
-//!   Readers find a slot by its control byte (`Acquire`), so they see the key
-//!   and the ring's words as written. Slots are never emptied, so the slots
-//!   between a key's home and its slot stay full: a probe that meets an empty
-//!   slot has passed every slot the key could be in.
-//! - **One slot per key.** The writer fills a slot only for a key the table
-//!   does not hold. A slot whose ring is retired is a tombstone: its key was
-//!   dropped (idle), or its ring was moved to the table that replaced this
-//!   one. The writer may revive a tombstone for the same key in place
-//!   (`Ring::revive`); a rebuild drops the rest.
+//!   ring written, `len` raised past it (`Release`), then an index slot gets
+//!   the position and the slot's control byte is published (`Release`).
+//!   Readers reach a position by its control byte (`Acquire`) or below `len`
+//!   (`Acquire`), so they see the key and the ring's words as written. Index
+//!   slots are never emptied, so the slots between a key's home and its slot
+//!   stay full: a probe that meets an empty slot has passed every slot the
+//!   key could be in.
+//! - **One position per key.** The writer fills a position only for a key
+//!   the table does not hold. A position whose ring is retired is a
+//!   tombstone: its key was dropped (idle), or its ring was moved to the
+//!   table that replaced this one. The writer may revive a tombstone for the
+//!   same key in place (`Ring::revive`); a rebuild drops the rest.
 //! - **Leaving.** A ring leaves a table only retired (see `ring`'s module
 //!   docs): by a sweep, idle; by a rebuild, idle or live, a live one copied
 //!   into the new table before the new table is published. A check that
 //!   holds a retired ring fails its re-read of the head and looks again.
 //!
-//! Memory per slot, a u64 key and the compact layout: 1 control byte, 24
-//! bytes of key and head (`OnceLock<u64>` and one word), 64 bytes of buckets.
+//! Memory per key, a u64 key and the compact layout: 24 bytes of key and
+//! head (`OnceLock<u64>` and one word), 64 bytes of buckets, and 1.25 index
+//! slots of 5 bytes (a control byte and a 32-bit position).
 
 use crate::ring::{lines_for, Bucket, Head, Line, LineOf, Ring};
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::OnceLock;
 
 /// The low byte of each of a word's 8 control bytes, and the high bit.
 const LO: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = 0x8080_8080_8080_8080;
-/// Tables with any slot never have fewer than this.
-pub(crate) const MIN_SLOTS: usize = 8;
+/// Tables with any room never have room for fewer keys than this.
+pub(crate) const MIN_CAPACITY: usize = 8;
 
-/// A key and its ring's head: what a check reads first in a slot.
+/// A key and its ring's head: what a check reads first at a position.
 #[derive(Debug)]
 struct Entry<K, H> {
     key: OnceLock<K>,
@@ -44,12 +59,16 @@ struct Entry<K, H> {
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Table<K, H: Head> {
-    /// One byte a slot, 8 a word: 0 empty, else `0x80 | ` the top 7 bits of
-    /// the key's hash.
+    /// One byte an index slot, 8 a word: 0 empty, else `0x80 | ` the top 7
+    /// bits of the key's hash.
     ctrl: Box<[AtomicU64]>,
+    /// Each full index slot's position.
+    index: Box<[AtomicU32]>,
     entries: Box<[Entry<K, H>]>,
-    /// Each slot's buckets, `ring_len` words from word `slot * ring_len`.
+    /// Each position's buckets, `ring_len` words from word `i * ring_len`.
     lines: Box<[LineOf<H>]>,
+    /// Positions filled (tombstones included): `0..len`.
+    len: AtomicUsize,
     ring_len: usize,
 }
 
@@ -64,46 +83,57 @@ impl<K, H: Head> Table<K, H> {
     /// own overhead and the table's few words).
     pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.ctrl)
+            + std::mem::size_of_val(&*self.index)
             + std::mem::size_of_val(&*self.entries)
             + std::mem::size_of_val(&*self.lines)
     }
 }
 
 impl<K: Hash + Eq, H: Head> Table<K, H> {
-    /// An empty table of at least `slots` slots (a multiple of 8, at least
-    /// [`MIN_SLOTS`]; none for 0) for rings of `ring_len` buckets. A table of
-    /// no slots allocates nothing, finds nothing, and is full.
-    pub(crate) fn new(slots: usize, ring_len: usize) -> Table<K, H> {
-        let slots = if slots == 0 {
-            0
-        } else {
-            slots.max(MIN_SLOTS).next_multiple_of(8)
+    /// An empty table with room for at least `capacity` keys (at least
+    /// [`MIN_CAPACITY`]; none for 0) with rings of `ring_len` buckets. A
+    /// table of no room allocates nothing, finds nothing, and is full.
+    pub(crate) fn new(capacity: usize, ring_len: usize) -> Table<K, H> {
+        // Positions are 32-bit: 2^32 keys would take hundreds of GiB.
+        let capacity = match capacity {
+            0 => 0,
+            c => c.clamp(MIN_CAPACITY, u32::MAX as usize),
         };
+        // At most 4 index slots in 5 full: short probes.
+        let slots = (capacity + capacity / 4).next_multiple_of(8);
         Table {
             ctrl: (0..slots / 8).map(|_| AtomicU64::new(0)).collect(),
-            entries: (0..slots)
+            index: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            entries: (0..capacity)
                 .map(|_| Entry {
                     key: OnceLock::new(),
                     head: H::new(0, None),
                 })
                 .collect(),
-            lines: lines_for::<H>(slots * ring_len),
+            lines: lines_for::<H>(capacity * ring_len),
+            len: AtomicUsize::new(0),
             ring_len,
         }
     }
 
-    pub(crate) fn slots(&self) -> usize {
+    /// How many keys the table has room for.
+    pub(crate) fn capacity(&self) -> usize {
         self.entries.len()
     }
 
-    /// Where `hash` starts probing: its low 32 bits scaled to the table (the
-    /// partition, the overflow mark and the tag use other bits).
-    #[inline(always)]
-    fn home(&self, hash: u64) -> usize {
-        (((hash & 0xFFFF_FFFF) * self.slots() as u64) >> 32) as usize
+    /// Positions filled (tombstones included).
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Acquire)
     }
 
-    /// The slot holding `key` (of `hash`), if the table holds it (its ring
+    /// Where `hash` starts probing the index: its low 32 bits scaled to the
+    /// index (the partition, the overflow mark and the tag use other bits).
+    #[inline(always)]
+    fn home(&self, hash: u64) -> usize {
+        (((hash & 0xFFFF_FFFF) * self.index.len() as u64) >> 32) as usize
+    }
+
+    /// The position of `key` (of `hash`), if the table holds it (its ring
     /// may be retired).
     #[inline]
     pub(crate) fn find(&self, hash: u64, key: &K) -> Option<usize> {
@@ -122,7 +152,9 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
             let x = bytes ^ repeated;
             let mut matches = x.wrapping_sub(LO) & !x & HI & valid;
             while matches != 0 {
-                let i = w * 8 + (matches.trailing_zeros() / 8) as usize;
+                let slot = w * 8 + (matches.trailing_zeros() / 8) as usize;
+                // Written before the control byte this load follows.
+                let i = self.index[slot].load(Relaxed) as usize;
                 self.touch_ring(i);
                 if self.entries[i].key.get() == Some(key) {
                     return Some(i);
@@ -137,10 +169,10 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         }
     }
 
-    /// Start loading the lines of slot `i`'s buckets, so that they arrive
-    /// while the key and head are read, not after (the bucket a check writes
-    /// depends on the head): two cache misses in parallel instead of one
-    /// after the other, for a table larger than the caches. The first two
+    /// Start loading the lines of position `i`'s buckets, so that they
+    /// arrive while the key and head are read, not after (the bucket a check
+    /// writes depends on the head): two cache misses in parallel instead of
+    /// one after the other, for a table larger than the caches. The first two
     /// lines only (a ring of up to 32 compact or 16 wide buckets); the load's
     /// value is not used.
     #[inline(always)]
@@ -152,61 +184,59 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         }
     }
 
-    /// The ring in slot `i`.
+    /// The ring at position `i`.
     #[inline(always)]
     pub(crate) fn ring(&self, i: usize) -> Ring<'_, H> {
         Ring::new(&self.entries[i].head, &self.lines, i * self.ring_len)
     }
 
-    /// The key in slot `i` (`None` for an empty slot).
+    /// The key at position `i` (`None` for a position not filled).
     pub(crate) fn key(&self, i: usize) -> Option<&K> {
         self.entries[i].key.get()
     }
 
-    /// The full slots (tombstones included), in order.
-    pub(crate) fn full_slots(&self) -> impl Iterator<Item = usize> + '_ {
-        self.ctrl.iter().enumerate().flat_map(|(w, word)| {
-            let mut full = word.load(Acquire) & HI;
-            std::iter::from_fn(move || {
-                (full != 0).then(|| {
-                    let i = w * 8 + (full.trailing_zeros() / 8) as usize;
-                    full &= full - 1;
-                    i
-                })
-            })
-        })
+    /// The filled positions (tombstones included), in order.
+    pub(crate) fn positions(&self) -> std::ops::Range<usize> {
+        0..self.len()
     }
 
-    /// Fill the first empty slot from `key`'s home with `key` and a ring that
-    /// `init` writes, then publish it; the slot. For the table's writer
-    /// only, for a key the table does not hold, with an empty slot left.
+    /// Fill the next position with `key` and a ring that `init` writes, then
+    /// publish it; the position. For the table's writer only, for a key the
+    /// table does not hold, with room left.
     pub(crate) fn insert(&self, hash: u64, key: K, init: impl FnOnce(Ring<'_, H>)) -> usize {
-        let i = self.empty_slot(hash);
+        let i = self.len.load(Relaxed);
         let set = self.entries[i].key.set(key);
-        debug_assert!(set.is_ok(), "an empty slot held a key");
+        debug_assert!(set.is_ok(), "a position past len held a key");
         init(self.ring(i));
-        let word = &self.ctrl[i / 8];
-        word.store(word.load(Relaxed) | tag(hash) << (8 * (i % 8)), Release);
+        self.len.store(i + 1, Release);
+        let slot = self.empty_slot(hash);
+        self.index[slot].store(i as u32, Relaxed);
+        let word = &self.ctrl[slot / 8];
+        word.store(word.load(Relaxed) | tag(hash) << (8 * (slot % 8)), Release);
         i
     }
 
     /// [`insert`](Self::insert) into a table no other thread holds yet (one
-    /// a rebuild is filling): the key and control byte are plain writes.
+    /// a rebuild is filling): the key, the index and the control byte are
+    /// plain writes.
     pub(crate) fn insert_unshared(
         &mut self,
         hash: u64,
         key: K,
         init: impl FnOnce(Ring<'_, H>),
     ) -> usize {
-        let i = self.empty_slot(hash);
+        let i = *self.len.get_mut();
         self.entries[i].key = OnceLock::from(key);
         init(self.ring(i));
-        *self.ctrl[i / 8].get_mut() |= tag(hash) << (8 * (i % 8));
+        *self.len.get_mut() = i + 1;
+        let slot = self.empty_slot(hash);
+        *self.index[slot].get_mut() = i as u32;
+        *self.ctrl[slot / 8].get_mut() |= tag(hash) << (8 * (slot % 8));
         i
     }
 
-    /// The first empty slot from `hash`'s home on, in the order `find`
-    /// probes (the table has one).
+    /// The first empty index slot from `hash`'s home on, in the order
+    /// `find` probes (the index has one: it is larger than the capacity).
     fn empty_slot(&self, hash: u64) -> usize {
         let home = self.home(hash);
         let mut w = home / 8;
@@ -238,9 +268,9 @@ mod tests {
     fn every_key_inserted_is_found_and_no_other() {
         let g = geometry();
         let hasher = foldhash::fast::FixedState::with_seed(7);
-        // Nearly full: 9 of 10 slots, the most the limiter fills.
+        // Full: the index at its fullest, 4 slots in 5.
         let table: Table<u64, Compact> = Table::new(1_000, g.ring_len());
-        let keys: Vec<u64> = (0..900).map(|k| k * 7919).collect();
+        let keys: Vec<u64> = (0..1_000).map(|k| k * 7919).collect();
         for &k in &keys {
             let hash = hasher.hash_one(k);
             assert_eq!(table.find(hash, &k), None);
@@ -251,11 +281,11 @@ mod tests {
             let i = table.find(hasher.hash_one(k), &k).unwrap();
             assert_eq!(table.key(i), Some(&k));
         }
-        for k in 900..2_000u64 {
+        for k in 1_000..3_000u64 {
             let k = k * 7919;
             assert_eq!(table.find(hasher.hash_one(k), &k), None, "{k}");
         }
-        assert_eq!(table.full_slots().count(), 900);
+        assert_eq!(table.positions(), 0..1_000);
     }
 
     #[test]
@@ -275,21 +305,42 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_wraps_round_the_end_of_the_table() {
+    fn a_probe_wraps_round_the_end_of_the_index() {
         let g = geometry();
-        let table: Table<u64, Compact> = Table::new(8, g.ring_len());
+        // Room for 12 keys, 15 index slots (rounded up to 16).
+        let table: Table<u64, Compact> = Table::new(12, g.ring_len());
+        assert_eq!(table.index.len(), 16);
         // Home the last slot: the next keys wrap to slots 0, 1, ...
         let hash = 0xFFFF_FFFF;
-        for k in 0..7u64 {
-            table.insert(hash, k, |ring| ring.init(&g, 0, &[]));
+        for k in 0..12u64 {
+            assert_eq!(
+                table.insert(hash, k, |ring| ring.init(&g, 0, &[])),
+                k as usize
+            );
         }
-        assert_eq!(table.find(hash, &6), Some(5));
-        assert_eq!(table.find(hash, &7), None, "the one empty slot ends it");
+        assert_eq!(table.index[10].load(Relaxed), 11, "key 11 in slot 10");
+        assert_eq!(table.find(hash, &11), Some(11));
+        assert_eq!(table.find(hash, &12), None, "the empty slots end it");
     }
 
     #[test]
-    fn a_slot_of_a_u64_key_takes_89_bytes_in_the_compact_layout() {
-        // 1 control byte, the key and head, the buckets of the default ring.
+    fn keys_lie_in_the_order_they_came() {
+        let g = geometry();
+        let hasher = foldhash::fast::FixedState::with_seed(7);
+        let table: Table<u64, Wide> = Table::new(100, g.ring_len());
+        for k in 0..100u64 {
+            table.insert(hasher.hash_one(k), k * 3, |ring| ring.init(&g, 0, &[k]));
+        }
+        for i in table.positions() {
+            assert_eq!(table.key(i), Some(&(i as u64 * 3)));
+            assert_eq!(table.ring(i).counts_by_age(&g, 0).1[0], i as u64);
+        }
+    }
+
+    #[test]
+    fn a_u64_key_takes_88_bytes_and_its_index_slots_in_the_compact_layout() {
+        // The key and head, the buckets of the default ring (the index:
+        // 5 bytes a slot, 1.25 slots a key).
         assert_eq!(std::mem::size_of::<Entry<u64, Compact>>(), 24);
         assert_eq!(std::mem::size_of::<LineOf<Compact>>(), 64);
         assert_eq!(std::mem::size_of::<Entry<u64, Wide>>(), 32);
