@@ -468,7 +468,11 @@ fn rings_moved_by_table_rebuilds_under_racing_checks_never_over_admit() {
 
 fn moved_under_racing_checks(width: u64) {
     const WATCHED: u64 = 4;
+    // Checks per worker: at least this many, and on until the flood has seen
+    // `MIN_REBUILDS` rebuilds (how many a run makes depends on the threads'
+    // timing), but never more than 10 times as many.
     const CHECKS: usize = 100_000;
+    const MIN_REBUILDS: usize = 60;
     let clock = ManualClock::new();
     // A cap under 2 × 4096: one partition, so every rebuild moves every key.
     let limiter: Limiter<u64, ManualClock> = Limiter::builder(policy(width))
@@ -478,6 +482,7 @@ fn moved_under_racing_checks(width: u64) {
         .unwrap();
     assert_eq!(limiter.table_addresses().len(), 1);
     let done = AtomicUsize::new(0);
+    let seen = AtomicUsize::new(0);
     let finished = AtomicBool::new(false);
     let alarm = AtomicBool::new(false);
     // The two workers, the flood and this thread, which steps the clock.
@@ -485,12 +490,13 @@ fn moved_under_racing_checks(width: u64) {
     let (records, rebuilds) = thread::scope(|s| {
         let workers: Vec<_> = (0..2u64)
             .map(|t| {
-                let (limiter, done, alarm, start) = (&limiter, &done, &alarm, &start);
+                let (limiter, done, seen, alarm, start) = (&limiter, &done, &seen, &alarm, &start);
                 s.spawn(move || {
                     let _alarm = PanicAlarm(alarm);
                     let mut rng = Rng(0x7ab1e ^ (t + 1));
                     start.wait();
-                    (0..CHECKS)
+                    (0..10 * CHECKS)
+                        .take_while(|&n| n < CHECKS || seen.load(SeqCst) < MIN_REBUILDS)
                         .map(|_| {
                             let key = rng.below(WATCHED);
                             let d = limiter.check(&key);
@@ -508,7 +514,8 @@ fn moved_under_racing_checks(width: u64) {
             })
             .collect();
         let flood = {
-            let (limiter, finished, alarm, start) = (&limiter, &finished, &alarm, &start);
+            let (limiter, finished, seen, alarm, start) =
+                (&limiter, &finished, &seen, &alarm, &start);
             s.spawn(move || {
                 let _alarm = PanicAlarm(alarm);
                 // Rebuilds seen: the table's address changed since the last
@@ -517,14 +524,20 @@ fn moved_under_racing_checks(width: u64) {
                 let mut look = |rebuilds: &mut usize| {
                     let now = limiter.table_addresses();
                     *rebuilds += usize::from(now != last);
+                    seen.store(*rebuilds, SeqCst);
                     last = now;
                 };
                 let mut key = 1_000u64;
                 start.wait();
                 while !finished.load(SeqCst) {
-                    for _ in 0..50 {
-                        let _ = limiter.check(&key);
-                        key += 1;
+                    // Below the cap, so that the watched keys always have
+                    // room for rings of their own (at the cap they would
+                    // share the overflow ring, which the flood fills).
+                    if limiter.stats().keys_tracked < 3_000 {
+                        for _ in 0..50 {
+                            let _ = limiter.check(&key);
+                            key += 1;
+                        }
                     }
                     look(&mut rebuilds);
                     limiter.evict_idle();
@@ -538,7 +551,7 @@ fn moved_under_racing_checks(width: u64) {
         // keys are then swept).
         let mut rng = Rng(0xc10c);
         start.wait();
-        while done.load(SeqCst) < 2 * CHECKS {
+        while workers.iter().any(|w| !w.is_finished()) {
             assert!(!alarm.load(SeqCst), "a thread panicked");
             let due = done.load(SeqCst) / 40;
             clock.set((due as u64 * WIDTH / 3 + step(&mut rng) / 8) * (width / WIDTH));
@@ -572,6 +585,6 @@ fn moved_under_racing_checks(width: u64) {
         stats.keys_evicted
     );
     assert!(allowed > 0);
-    assert!(rebuilds > 50, "{rebuilds} rebuilds");
+    assert!(rebuilds >= MIN_REBUILDS, "{rebuilds} rebuilds");
     assert!(stats.keys_evicted > 1_000, "{stats:?}");
 }
