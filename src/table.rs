@@ -65,27 +65,12 @@ pub(crate) struct Table<K, H: Head> {
     /// Each full index slot's position.
     index: Box<[AtomicU32]>,
     entries: Box<[Entry<K, H>]>,
-    /// Each position's buckets, `ring_len` words from word `first + i *
-    /// ring_len`.
+    /// Each position's buckets, `ring_len` words from word `i * ring_len`.
     lines: Box<[LineOf<H>]>,
-    /// Words before the first ring's (see [`colour`]).
-    first: usize,
     /// Positions filled (tombstones included): `0..len`.
     len: AtomicUsize,
     ring_len: usize,
 }
-
-/// Large arrays are mapped by the allocator at the start of a page, so the
-/// partitions' bucket arrays would all start at one offset in a page, and
-/// rings filled at the same time (at the same position of their tables) would
-/// meet in the same cache sets. The lines each new table of at least
-/// [`COLOUR_FROM`] bytes of buckets leaves before its first ring, in turn
-/// (at most 63, under 4 KiB: at most 1/32 of the array).
-fn colour() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    NEXT.fetch_add(1, Relaxed) % 64
-}
-const COLOUR_FROM: usize = 128 * 1024;
 
 /// The control byte of a full slot for `hash`.
 #[inline(always)]
@@ -116,13 +101,6 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         };
         // At most 4 index slots in 5 full: short probes.
         let slots = (capacity + capacity / 4).next_multiple_of(8);
-        let words = capacity * ring_len;
-        let first = if words * std::mem::size_of::<LineOf<H>>() / LineOf::<H>::WORDS >= COLOUR_FROM
-        {
-            colour() * LineOf::<H>::WORDS
-        } else {
-            0
-        };
         Table {
             ctrl: (0..slots / 8).map(|_| AtomicU64::new(0)).collect(),
             index: (0..slots).map(|_| AtomicU32::new(0)).collect(),
@@ -132,8 +110,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
                     head: H::new(0, None),
                 })
                 .collect(),
-            lines: lines_for::<H>(first + words),
-            first,
+            lines: lines_for::<H>(capacity * ring_len),
             len: AtomicUsize::new(0),
             ring_len,
         }
@@ -200,9 +177,8 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     /// value is not used.
     #[inline(always)]
     fn touch_ring(&self, i: usize) {
-        let start = self.first + i * self.ring_len;
-        let first = start / LineOf::<H>::WORDS;
-        let last = (start + self.ring_len - 1) / LineOf::<H>::WORDS;
+        let first = i * self.ring_len / LineOf::<H>::WORDS;
+        let last = ((i + 1) * self.ring_len - 1) / LineOf::<H>::WORDS;
         for line in first..=last.min(first + 1) {
             std::hint::black_box(self.lines[line].word(0).load());
         }
@@ -211,11 +187,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     /// The ring at position `i`.
     #[inline(always)]
     pub(crate) fn ring(&self, i: usize) -> Ring<'_, H> {
-        Ring::new(
-            &self.entries[i].head,
-            &self.lines,
-            self.first + i * self.ring_len,
-        )
+        Ring::new(&self.entries[i].head, &self.lines, i * self.ring_len)
     }
 
     /// The key at position `i` (`None` for a position not filled).
