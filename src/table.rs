@@ -141,6 +141,9 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
             return None;
         }
         let home = self.home(hash);
+        // Most keys sit at or just after their home slot: start loading its
+        // position with its control byte, not after it.
+        std::hint::black_box(self.index[home].load(Relaxed));
         let repeated = tag(hash) * LO;
         let mut w = home / 8;
         // The first word from the home slot on; wrapping round, all of it.
