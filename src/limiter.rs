@@ -1336,8 +1336,8 @@ mod tests {
     #[test]
     fn keys_are_found_while_their_tables_are_rebuilt_under_them() {
         // One partition (a cap of 10 000), grown by a new key at a time from
-        // room for 8 keys to thousands: every rebuild moves the keys already there,
-        // which must keep their counts.
+        // room for 8 keys to thousands: every rebuild moves the keys already
+        // there, which must keep their counts.
         let (l, clock) = limiter(3, 10_000);
         assert_eq!(l.compact().partitions.len(), 2);
         for k in 0..6_000u64 {
