@@ -118,8 +118,11 @@
 //! | `serde` | off | [`Policy`] and [`Tiers`] deserialize from configuration (TOML, YAML, JSON, ...) |
 //! | `metrics` | off | decision counters, tracked keys, wait times and Redis round trips through the `metrics` facade ([guide](guide::observability)) |
 
-// One `unsafe` block in the crate: the call that hands freed table memory
-// back to glibc's malloc (`trim.rs`), with its SAFETY note and its test.
+// `unsafe` in the crate, each with its SAFETY note and its tests: the call
+// that hands freed table memory back to glibc's malloc (`trim.rs`), the
+// `membarrier` call (`readers.rs`), and a partition's table kept as a raw
+// `Arc` pointer, so that a check loads it without a locked instruction
+// (`partition.rs`).
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -135,6 +138,7 @@ mod log;
 mod metrics;
 mod partition;
 mod policy;
+mod readers;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

@@ -1885,7 +1885,7 @@ impl<K: Hash + Eq + Clone, C> Limiter<K, C> {
         with_state!(&self.state, state => state
             .partitions
             .iter()
-            .map(|p| Arc::as_ptr(&p.table()) as usize)
+            .map(|p| std::ptr::from_ref::<crate::table::Table<_, _>>(&p.table()) as usize)
             .collect())
     }
 }

@@ -4,8 +4,8 @@
 //!
 //! A rebuild makes a new table sized for the keys still live, retires every
 //! ring of the old one (see `table`'s invariant), copies the live ones, then
-//! publishes the new table; the old one is freed once the last check holding
-//! it lets go (arc-swap). So memory follows the keys: a table is one
+//! publishes the new table; the old one is freed once no check can hold it
+//! (see `readers`). So memory follows the keys: a table is one
 //! allocation per array, and one that has emptied is handed back whole.
 //!
 //! Sizes: a table is full when every position is filled (tombstones count);
@@ -14,24 +14,46 @@
 //! often); a sweep that leaves under 3 keys in 10 of the room live rebuilds
 //! the table smaller. Rebuilds keep the keys' order.
 
-use crate::ring::{Geometry, Head, Retired, Ring};
+use crate::readers::{self, Reading, Retired};
+use crate::ring::{self, Geometry, Head, Ring};
 use crate::table::{Table, MIN_CAPACITY};
 use crate::trim;
-use arc_swap::{ArcSwap, Guard};
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// See the module docs.
 pub(crate) struct Partition<K, H: Head> {
-    table: ArcSwap<Table<K, H>>,
-    /// The writer's lock: adding keys, sweeping and replacing the table.
-    writer: Mutex<()>,
+    /// The current table: one strong count of an `Arc`, turned into a pointer
+    /// (`Arc::into_raw`) so that a check loads it with one plain load.
+    table: AtomicPtr<Table<K, H>>,
+    /// The writer's lock (adding keys, sweeping and replacing the table),
+    /// with the tables replaced that a check may still hold.
+    writer: Mutex<Retired<Arc<Table<K, H>>>>,
     /// A table of no room, the table while the partition holds no key: a
     /// sweep that drops every key switches to it without allocating, so the
     /// memory it frees is not dotted with new small blocks (which would keep
     /// their pages resident under glibc, see `trim`).
     empty: Arc<Table<K, H>>,
+    /// Send and Sync as the `Arc`s it holds are.
+    _tables: PhantomData<Arc<Table<K, H>>>,
+}
+
+/// A check's view of a partition's table: the table stays allocated while
+/// this lives. Not `Send` (see [`Reading`]).
+pub(crate) struct TableRef<'p, K, H: Head> {
+    table: &'p Table<K, H>,
+    _reading: Reading,
+}
+
+impl<K, H: Head> std::ops::Deref for TableRef<'_, K, H> {
+    type Target = Table<K, H>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Table<K, H> {
+        self.table
+    }
 }
 
 /// Where a key stands in the current table, as its writer sees it.
@@ -53,26 +75,57 @@ fn capacity_for(keys: usize) -> usize {
     }
 }
 
-impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
-    pub(crate) fn new(ring_len: usize) -> Partition<K, H> {
-        let empty = Arc::new(Table::new(0, ring_len));
-        Partition {
-            table: ArcSwap::new(Arc::clone(&empty)),
-            writer: Mutex::new(()),
-            empty,
+impl<K, H: Head> Partition<K, H> {
+    /// The table now, for a check: no lock, no locked instruction.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub(crate) fn table(&self) -> TableRef<'_, K, H> {
+        let reading = Reading::enter();
+        let table = self.table.load(Acquire);
+        // SAFETY: `table` came from `Arc::into_raw` (in `new` or `replace`),
+        // and the strong count it stands for is released only through
+        // `Retired`, which keeps it until every check that was running when
+        // the pointer was swapped out has ended (`readers`' invariant), this
+        // one included: `reading` started before the load and outlives the
+        // reference. Tested by `readers`' tests and the stress test of moves
+        // under racing checks.
+        TableRef {
+            table: unsafe { &*table },
+            _reading: reading,
         }
     }
 
-    /// The table now, for a check: no lock.
-    #[inline(always)]
-    pub(crate) fn table(&self) -> Guard<Arc<Table<K, H>>> {
-        self.table.load()
+    /// The bytes of the table's arrays.
+    pub(crate) fn bytes(&self) -> usize {
+        self.table().bytes()
+    }
+}
+
+impl<K, H: Head> Drop for Partition<K, H> {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: the pointer holds one strong count (see `table`), and no
+        // check runs on a partition being dropped (they borrow it).
+        drop(unsafe { Arc::from_raw(*self.table.get_mut()) });
+    }
+}
+
+impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
+    pub(crate) fn new(ring_len: usize) -> Partition<K, H> {
+        readers::init();
+        let empty = Arc::new(Table::new(0, ring_len));
+        Partition {
+            table: AtomicPtr::new(Arc::into_raw(Arc::clone(&empty)).cast_mut()),
+            writer: Mutex::new(Retired::default()),
+            empty,
+            _tables: PhantomData,
+        }
     }
 
     /// Wait for the writer's lock, then hold it.
     pub(crate) fn write(&self) -> Writing<'_, K, H> {
-        // The lock guards no data of its own: a poisoned one is as good as
-        // any (a panic leaves the table as a whole, published or not).
+        // A poisoned lock is as good as any: a panic leaves the table as a
+        // whole, published or not, and the list of retired tables a list.
         self.writing(self.writer.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -89,11 +142,23 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
 
     /// The lock `writer`, held, with the table it may change: the current
     /// one, as only the lock's holder replaces it.
-    fn writing<'p>(&'p self, writer: MutexGuard<'p, ()>) -> Writing<'p, K, H> {
+    #[allow(unsafe_code)]
+    fn writing<'p>(
+        &'p self,
+        retired: MutexGuard<'p, Retired<Arc<Table<K, H>>>>,
+    ) -> Writing<'p, K, H> {
+        let table = self.table.load(Acquire);
+        // SAFETY: the pointer holds one strong count (see `table`), which
+        // only the lock's holder gives up (in `replace`): this adds one of
+        // our own while it is still held.
+        let table = unsafe {
+            Arc::increment_strong_count(table);
+            Arc::from_raw(table)
+        };
         Writing {
             partition: self,
-            table: self.table.load_full(),
-            _writer: writer,
+            table,
+            retired,
         }
     }
 
@@ -139,18 +204,11 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
     }
 }
 
-impl<K, H: Head> Partition<K, H> {
-    /// The bytes of the table's arrays.
-    pub(crate) fn bytes(&self) -> usize {
-        self.table.load().bytes()
-    }
-}
-
 /// The writer's lock, held, with the table it may change.
 pub(crate) struct Writing<'p, K, H: Head> {
     partition: &'p Partition<K, H>,
     table: Arc<Table<K, H>>,
-    _writer: MutexGuard<'p, ()>,
+    retired: MutexGuard<'p, Retired<Arc<Table<K, H>>>>,
 }
 
 impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
@@ -196,6 +254,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
     /// few keys are left, rebuild the table smaller (its pass finds the
     /// retired rings with one load each). How many.
     pub(crate) fn sweep<S: BuildHasher>(&mut self, g: &Geometry, now: u64, hasher: &S) -> usize {
+        self.retired.collect();
         let (mut live, mut dropped) = (0, 0);
         for i in self.table.positions() {
             let ring = self.table.ring(i);
@@ -235,9 +294,9 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         let mut dropped = 0;
         for i in old.positions() {
             match old.ring(i).retire_to_move(g, now) {
-                Retired::Already => {}
-                Retired::Idle => dropped += 1,
-                Retired::Live => live.push(i),
+                ring::Retired::Already => {}
+                ring::Retired::Idle => dropped += 1,
+                ring::Retired::Live => live.push(i),
             }
         }
         let new = match live.len() + extra {
@@ -263,7 +322,14 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         // Memory given up (a table grown gives up none: the next growth
         // reuses what it frees), for the allocator to be asked to return.
         trim::given_up(self.table.bytes().saturating_sub(new.bytes()));
-        self.partition.table.store(Arc::clone(&new));
+        let new_ptr = Arc::into_raw(Arc::clone(&new)).cast_mut();
+        let old = self.partition.table.swap(new_ptr, SeqCst);
+        // SAFETY: the pointer swapped out held one strong count (see
+        // `Partition::table`); `Retired` keeps it until no check can hold the
+        // table.
+        #[allow(unsafe_code)]
+        let old = unsafe { Arc::from_raw(old) };
+        self.retired.retire(old);
         self.table = new;
     }
 }
