@@ -38,6 +38,7 @@
 
 use crate::ring::{lines_for, Bucket, Head, Line, LineOf, Ring};
 use std::hash::Hash;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{
     AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -56,6 +57,15 @@ struct Entry<K, H> {
     head: H,
 }
 
+impl<K, H: Head> Entry<K, H> {
+    fn empty() -> Entry<K, H> {
+        Entry {
+            key: OnceLock::new(),
+            head: H::new(0, None),
+        }
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Table<K, H: Head> {
@@ -64,7 +74,9 @@ pub(crate) struct Table<K, H: Head> {
     ctrl: Box<[AtomicU64]>,
     /// Each full index slot's position.
     index: Box<[AtomicU32]>,
-    entries: Box<[Entry<K, H>]>,
+    /// Dropped by hand (see `Drop`): for keys without drop glue, freeing a
+    /// table then skips a pass over its entries.
+    entries: Box<[ManuallyDrop<Entry<K, H>>]>,
     /// Each position's buckets, `ring_len` words from word `i * ring_len`.
     lines: Box<[LineOf<H>]>,
     /// Positions filled (tombstones included): `0..len`.
@@ -76,6 +88,23 @@ pub(crate) struct Table<K, H: Head> {
 #[inline(always)]
 fn tag(hash: u64) -> u64 {
     0x80 | (hash >> 57)
+}
+
+impl<K, H: Head> Drop for Table<K, H> {
+    fn drop(&mut self) {
+        // A key that owns nothing (an integer, an address) needs no drop,
+        // and its `OnceLock`'s drop would only read each entry's state: for
+        // 1M keys a pass over 24 MiB, a sixth of dropping them in bulk. The
+        // rest are dropped one by one.
+        if std::mem::needs_drop::<K>() {
+            for entry in self.entries.iter_mut() {
+                drop(ManuallyDrop::into_inner(std::mem::replace(
+                    entry,
+                    ManuallyDrop::new(Entry::empty()),
+                )));
+            }
+        }
+    }
 }
 
 impl<K, H: Head> Table<K, H> {
@@ -105,10 +134,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
             ctrl: (0..slots / 8).map(|_| AtomicU64::new(0)).collect(),
             index: (0..slots).map(|_| AtomicU32::new(0)).collect(),
             entries: (0..capacity)
-                .map(|_| Entry {
-                    key: OnceLock::new(),
-                    head: H::new(0, None),
-                })
+                .map(|_| ManuallyDrop::new(Entry::empty()))
                 .collect(),
             lines: lines_for::<H>(capacity * ring_len),
             len: AtomicUsize::new(0),
@@ -338,6 +364,21 @@ mod tests {
             assert_eq!(table.key(i), Some(&(i as u64 * 3)));
             assert_eq!(table.ring(i).counts_by_age(&g, 0).1[0], i as u64);
         }
+    }
+
+    #[test]
+    fn keys_that_own_memory_are_dropped_with_their_table() {
+        let g = geometry();
+        let hasher = foldhash::fast::FixedState::with_seed(7);
+        let owner = std::sync::Arc::new(());
+        let table: Table<(u64, std::sync::Arc<()>), Compact> = Table::new(100, g.ring_len());
+        for k in 0..100u64 {
+            let key = (k, std::sync::Arc::clone(&owner));
+            table.insert(hasher.hash_one(&key), key, |ring| ring.init(&g, 0, &[]));
+        }
+        assert_eq!(std::sync::Arc::strong_count(&owner), 101);
+        drop(table);
+        assert_eq!(std::sync::Arc::strong_count(&owner), 1);
     }
 
     #[test]
