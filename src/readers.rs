@@ -73,7 +73,13 @@ static INIT: Once = Once::new();
 /// choice made here.
 pub(crate) fn init() {
     INIT.call_once(|| {
-        let barriers = if membarrier::register() {
+        // The tests run the fences on Linux too, in a child process of their
+        // own (the choice is the process's).
+        #[cfg(all(test, not(tsw_loom)))]
+        let fences_only = std::env::var_os(tests::FENCES_ONLY).is_some();
+        #[cfg(not(all(test, not(tsw_loom))))]
+        let fences_only = false;
+        let barriers = if !fences_only && membarrier::register() {
             MEMBARRIER
         } else {
             FENCES
@@ -388,10 +394,40 @@ mod tests {
     #[test]
     fn on_linux_the_kernel_barrier_is_used() {
         init();
-        #[cfg(target_os = "linux")]
-        assert_eq!(BARRIERS.load(Relaxed), MEMBARRIER);
-        #[cfg(not(target_os = "linux"))]
-        assert_eq!(BARRIERS.load(Relaxed), FENCES);
+        let fences_only = std::env::var_os(FENCES_ONLY).is_some();
+        if cfg!(target_os = "linux") && !fences_only {
+            assert_eq!(BARRIERS.load(Relaxed), MEMBARRIER);
+        } else {
+            assert_eq!(BARRIERS.load(Relaxed), FENCES);
+        }
+    }
+
+    /// Set in the environment of a child test process: fences on both sides.
+    pub(super) const FENCES_ONLY: &str = "TSW_TEST_READERS_FENCES_ONLY";
+
+    #[test]
+    fn with_fences_on_both_sides_racing_checks_hold_their_values_too() {
+        if std::env::var_os(FENCES_ONLY).is_some() {
+            return; // the child: its tests run on their own
+        }
+        let exe = std::env::current_exe().unwrap();
+        let output = std::process::Command::new(exe)
+            .env(FENCES_ONLY, "1")
+            .args([
+                "--exact",
+                "--test-threads=1",
+                "readers::tests::on_linux_the_kernel_barrier_is_used",
+                "readers::tests::values_swapped_out_under_racing_checks_are_never_dropped_while_a_check_holds_them",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("2 passed"), "{stdout}");
     }
 
     #[test]
