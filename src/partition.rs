@@ -403,6 +403,41 @@ mod tests {
     }
 
     #[test]
+    fn a_table_replaced_under_a_running_check_is_freed_by_a_later_write_once_it_ends() {
+        let (p, g, h) = setup();
+        for k in 0..100u64 {
+            track(&p, &g, &h, k, 0);
+        }
+        let old = Arc::downgrade(&p.write().table);
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (leave, leave_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let p = &p;
+            scope.spawn(move || {
+                let table = p.table();
+                entered_tx.send(()).unwrap();
+                leave_rx.recv().unwrap();
+                assert_eq!(table.key(0), Some(&0), "still readable");
+            });
+            entered.recv().unwrap();
+            // Every key idle: the partition switches to its empty table.
+            let dropped = p.write().sweep(&g, 2_000 * MS, &h);
+            let kept = old.upgrade().is_some();
+            leave.send(()).unwrap();
+            assert_eq!(dropped, 100);
+            assert!(kept, "freed under a running check");
+        });
+        // The next write frees it (other tests' checks, descheduled
+        // mid-check, may hold it a little longer).
+        let start = std::time::Instant::now();
+        while old.upgrade().is_some() && start.elapsed() < std::time::Duration::from_secs(10) {
+            p.write().sweep(&g, 2_000 * MS, &h);
+            std::thread::yield_now();
+        }
+        assert!(old.upgrade().is_none(), "kept after the check ended");
+    }
+
+    #[test]
     fn a_sweep_that_leaves_few_keys_hands_the_table_back_and_keeps_the_live_ones() {
         let (p, g, h) = setup();
         for k in 0..4_000u64 {
