@@ -32,6 +32,11 @@
 //!   Without it (other systems, or a sandbox that forbids the call), both
 //!   barriers are `SeqCst` fences: the store-fence-load pattern on both sides
 //!   guarantees that at least one side sees the other's store.
+//! - **A barrier that fails.** Once registered, `membarrier` fails only if
+//!   something forbids it later (a seccomp filter installed afterwards);
+//!   then no check can be known to have let a table go, and the writer
+//!   keeps every table it retires from then on for the process's life,
+//!   with one warning in the log, rather than free memory a check may read.
 //! - **Threads without a slot** (a check run from a thread-local destructor,
 //!   after the thread's slot was released) count themselves in one shared
 //!   counter with locked increments; a table retired while that counter was
@@ -66,6 +71,8 @@ const UNKNOWN: u8 = 0;
 const MEMBARRIER: u8 = 1;
 const FENCES: u8 = 2;
 static BARRIERS: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Set once `membarrier` has failed after it was registered.
+static LEAKING: AtomicBool = AtomicBool::new(false);
 static INIT: Once = Once::new();
 
 /// Choose the barriers: called before any table is published (by every
@@ -97,13 +104,20 @@ fn light_barrier() {
     }
 }
 
-fn heavy_barrier() {
-    if BARRIERS.load(Relaxed) == MEMBARRIER && membarrier::barrier() {
-        return;
+/// The writer's side: false if no barrier could be made (see `retire`).
+fn heavy_barrier() -> bool {
+    if BARRIERS.load(Relaxed) == MEMBARRIER {
+        // Once registered, the call fails only if something (a seccomp
+        // filter installed later) forbids it; then checks that fenced with
+        // the compiler alone may hold anything retired from now on.
+        #[cfg(all(test, not(tsw_loom)))]
+        if std::env::var_os(tests::BARRIER_FAILS).is_some() {
+            return false;
+        }
+        return membarrier::barrier();
     }
-    // `membarrier` failed after registering (it does not), or was never
-    // available: checks fence too.
     fence(SeqCst);
+    true
 }
 
 /// The calling thread's slot, once it has one.
@@ -268,7 +282,18 @@ impl<T> Retired<T> {
     /// (at a later [`collect`](Self::collect)). Drops what earlier calls kept
     /// and no check holds any more.
     pub(crate) fn retire(&mut self, old: T) {
-        heavy_barrier();
+        if !heavy_barrier() {
+            // No check can be known to have let go: keep the value for the
+            // process's life rather than free what a check may read.
+            std::mem::forget(old);
+            if !LEAKING.swap(true, Relaxed) {
+                tracing::warn!(
+                    "membarrier failed after it was registered: tables a \
+                     limiter replaces are no longer freed"
+                );
+            }
+            return;
+        }
         let slots: Vec<(&'static Slot, u64)> = SLOTS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -404,30 +429,58 @@ mod tests {
 
     /// Set in the environment of a child test process: fences on both sides.
     pub(super) const FENCES_ONLY: &str = "TSW_TEST_READERS_FENCES_ONLY";
+    /// Set in the environment of a child test process: `membarrier` fails
+    /// after it was registered.
+    pub(super) const BARRIER_FAILS: &str = "TSW_TEST_READERS_BARRIER_FAILS";
+
+    /// Runs `tests` of this binary in a child process with `var` set: true if
+    /// they all passed.
+    fn in_child(var: &str, tests: &[&str]) -> bool {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(var, "1")
+            .args(["--exact", "--test-threads=1"])
+            .args(tests)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let passed = format!("{} passed", tests.len());
+        output.status.success() && stdout.contains(&passed)
+    }
+
+    #[test]
+    fn values_retired_after_membarrier_fails_are_kept_for_good() {
+        if std::env::var_os(BARRIER_FAILS).is_none() {
+            if cfg!(target_os = "linux") {
+                assert!(in_child(
+                    BARRIER_FAILS,
+                    &["readers::tests::values_retired_after_membarrier_fails_are_kept_for_good"]
+                ));
+            }
+            return;
+        }
+        // The child, with the kernel's barrier in use and failing.
+        init();
+        assert_eq!(BARRIERS.load(Relaxed), MEMBARRIER);
+        let mut retired = Retired::default();
+        let (v, freed) = value();
+        retired.retire(v);
+        retired.collect();
+        assert!(!freed.load(SeqCst), "freed without a barrier");
+        assert!(LEAKING.load(Relaxed));
+    }
 
     #[test]
     fn with_fences_on_both_sides_racing_checks_hold_their_values_too() {
         if std::env::var_os(FENCES_ONLY).is_some() {
             return; // the child: its tests run on their own
         }
-        let exe = std::env::current_exe().unwrap();
-        let output = std::process::Command::new(exe)
-            .env(FENCES_ONLY, "1")
-            .args([
-                "--exact",
-                "--test-threads=1",
+        assert!(in_child(
+            FENCES_ONLY,
+            &[
                 "readers::tests::on_linux_the_kernel_barrier_is_used",
                 "readers::tests::values_swapped_out_under_racing_checks_are_never_dropped_while_a_check_holds_them",
-            ])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert!(stdout.contains("2 passed"), "{stdout}");
+            ]
+        ));
     }
 
     #[test]
