@@ -208,17 +208,16 @@ impl Reading {
             let slot = local.slot();
             let word = slot.word.load(Relaxed);
             if word % 2 == 1 {
+                // The outer check's mark and barrier cover this one.
                 Marked::Nested
             } else {
                 slot.word.store(word + 1, Release);
+                light_barrier();
                 Marked::Outer(slot, word + 1)
             }
         });
         let marked = match marked {
-            Ok(marked) => {
-                light_barrier();
-                marked
-            }
+            Ok(marked) => marked,
             Err(_) => {
                 WITHOUT_SLOT.fetch_add(1, SeqCst);
                 Marked::WithoutSlot
