@@ -23,6 +23,21 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A table swapped out, until it is let go, and the bytes the swap gave up.
+/// They are counted for `trim` when `Retired` lets the table go, not at the
+/// swap: a table a check still holds stays resident until then, and a trim
+/// before it would miss its pages.
+struct Replaced<K, H: Head> {
+    _table: Arc<Table<K, H>>,
+    gives_up: usize,
+}
+
+impl<K, H: Head> Drop for Replaced<K, H> {
+    fn drop(&mut self) {
+        trim::given_up(self.gives_up);
+    }
+}
+
 /// See the module docs.
 pub(crate) struct Partition<K, H: Head> {
     /// The current table: one strong count of an `Arc`, turned into a pointer
@@ -30,7 +45,7 @@ pub(crate) struct Partition<K, H: Head> {
     table: AtomicPtr<Table<K, H>>,
     /// The writer's lock (adding keys, sweeping and replacing the table),
     /// with the tables replaced that a check may still hold.
-    writer: Mutex<Retired<Arc<Table<K, H>>>>,
+    writer: Mutex<Retired<Replaced<K, H>>>,
     /// A table of no room, the table while the partition holds no key: a
     /// sweep that drops every key switches to it without allocating, so the
     /// memory it frees is not dotted with new small blocks (which would keep
@@ -145,7 +160,7 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
     #[allow(unsafe_code)]
     fn writing<'p>(
         &'p self,
-        retired: MutexGuard<'p, Retired<Arc<Table<K, H>>>>,
+        retired: MutexGuard<'p, Retired<Replaced<K, H>>>,
     ) -> Writing<'p, K, H> {
         let table = self.table.load(Acquire);
         // SAFETY: the pointer holds one strong count (see `table`), which
@@ -208,7 +223,7 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
 pub(crate) struct Writing<'p, K, H: Head> {
     partition: &'p Partition<K, H>,
     table: Arc<Table<K, H>>,
-    retired: MutexGuard<'p, Retired<Arc<Table<K, H>>>>,
+    retired: MutexGuard<'p, Retired<Replaced<K, H>>>,
 }
 
 impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
@@ -321,7 +336,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
     fn replace(&mut self, new: Arc<Table<K, H>>) {
         // Memory given up (a table grown gives up none: the next growth
         // reuses what it frees), for the allocator to be asked to return.
-        trim::given_up(self.table.bytes().saturating_sub(new.bytes()));
+        let gives_up = self.table.bytes().saturating_sub(new.bytes());
         let new_ptr = Arc::into_raw(Arc::clone(&new)).cast_mut();
         let old = self.partition.table.swap(new_ptr, SeqCst);
         // SAFETY: the pointer swapped out held one strong count (see
@@ -329,7 +344,10 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         // table.
         #[allow(unsafe_code)]
         let old = unsafe { Arc::from_raw(old) };
-        self.retired.retire(old);
+        self.retired.retire(Replaced {
+            _table: old,
+            gives_up,
+        });
         self.table = new;
     }
 }
@@ -403,12 +421,15 @@ mod tests {
     }
 
     #[test]
-    fn a_table_replaced_under_a_running_check_is_freed_by_a_later_write_once_it_ends() {
+    fn a_table_replaced_under_a_running_check_is_freed_and_counted_for_a_trim_by_a_later_write_once_it_ends(
+    ) {
         let (p, g, h) = setup();
         for k in 0..100u64 {
             track(&p, &g, &h, k, 0);
         }
         let old = Arc::downgrade(&p.write().table);
+        let bytes = p.table().bytes();
+        let counted = trim::tests::given_up_by_this_thread();
         let (entered_tx, entered) = std::sync::mpsc::channel();
         let (leave, leave_rx) = std::sync::mpsc::channel::<()>();
         std::thread::scope(|scope| {
@@ -423,9 +444,11 @@ mod tests {
             // Every key idle: the partition switches to its empty table.
             let dropped = p.write().sweep(&g, 2_000 * MS, &h);
             let kept = old.upgrade().is_some();
+            let counted_while_kept = trim::tests::given_up_by_this_thread() - counted;
             leave.send(()).unwrap();
             assert_eq!(dropped, 100);
             assert!(kept, "freed under a running check");
+            assert_eq!(counted_while_kept, 0, "counted for a trim while kept");
         });
         // The next write frees it (other tests' checks, descheduled
         // mid-check, may hold it a little longer).
@@ -435,6 +458,11 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(old.upgrade().is_none(), "kept after the check ended");
+        assert_eq!(
+            trim::tests::given_up_by_this_thread() - counted,
+            bytes,
+            "counted once let go"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! keeps the flood's high-water mark as its resident set.
 //!
 //! So the limiter counts the table memory it gives up (a table rebuilt
-//! smaller, a limiter dropped) and, at the end of a sweep round, once at
+//! smaller, once no check holds the old one; a limiter dropped) and, at the end of a sweep round, once at
 //! least [`TRIM_AFTER_ROUND`] has been given up since the last time (or
 //! [`TRIM_AFTER`] within a round), asks glibc to return its free memory:
 //! `malloc_trim(0)`, which releases the free pages inside the heap as well as
@@ -33,6 +33,8 @@ pub(crate) const TRIM_AFTER_ROUND: usize = 1 << 20;
 /// Count `bytes` of table memory given up.
 pub(crate) fn given_up(bytes: usize) {
     GIVEN_UP.fetch_add(bytes, Relaxed);
+    #[cfg(all(test, not(tsw_loom)))]
+    tests::BY_THIS_THREAD.with(|n| n.set(n.get() + bytes));
 }
 
 /// If at least `at_least` bytes were given up since the last trim, ask the
@@ -65,8 +67,19 @@ fn release_free_memory() {
 fn release_free_memory() {}
 
 #[cfg(all(test, not(tsw_loom)))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// What this thread counted: tests run side by side, each on its own
+        /// thread, and every limiter dropped counts (and may trim).
+        pub(crate) static BY_THIS_THREAD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// The bytes this thread has counted as given up.
+    pub(crate) fn given_up_by_this_thread() -> usize {
+        BY_THIS_THREAD.with(std::cell::Cell::get)
+    }
 
     #[test]
     fn a_trim_waits_until_enough_was_given_up_and_then_starts_over() {
