@@ -11,7 +11,9 @@
 //! `layer-{none,ours,governor}-peer-ip`, `layer-{none,ours,governor}-router`,
 //! `layer-ours-one-key` and `layer-ours-tiers` (one key, one policy, in a
 //! layer of policies and as a tier)
-//! (requests through the tower layers, as in `benches/layer.rs`), `nothing`.
+//! (requests through the tower layers, as in `benches/layer.rs`), `nothing`;
+//! `ours-evict N`: N times, 1M keys checked then dropped by `evict_idle`
+//! (for `perf record`, where the kernel's share shows).
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
 //! move), except `ours-hot-tokio`, so the clock's share can be told apart.
 
@@ -51,6 +53,24 @@ fn ours<C: Clock>(clock: C, denied: bool, keys: u64, iters: u64) {
         if k == keys {
             k = 0;
         }
+    }
+}
+
+/// `rounds` times: 1M keys checked, then dropped in bulk by `evict_idle`.
+fn ours_evict(rounds: u64) {
+    let clock = ManualClock::new();
+    for _ in 0..rounds {
+        let l: Limiter<u64, ManualClock> =
+            Limiter::builder(Policy::per(100, Duration::from_secs(1)).unwrap())
+                .clock(clock.clone())
+                .max_keys(1 << 20)
+                .build()
+                .unwrap();
+        for k in 0..1_000_000 {
+            let _ = l.check(&k);
+        }
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(black_box(l.evict_idle()), 1_000_000);
     }
 }
 
@@ -105,6 +125,7 @@ fn main() {
         ),
         "ours-100k" => ours(ManualClock::new(), false, KEYS, iters),
         "ours-100k-denied" => ours(ManualClock::new(), true, KEYS, iters),
+        "ours-evict" => ours_evict(iters),
         "governor-hot" => governor(false, 1, iters),
         "governor-hot-denied" => governor(true, 1, iters),
         "governor-100k" => governor(false, KEYS, iters),

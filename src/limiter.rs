@@ -1030,7 +1030,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         }
         let key = self.lookup(key);
         if cost <= g.limit() {
-            let table = self.partition(&key).table();
+            let table = self.partition(&key).table_or_sealed();
             if let Some(i) = table.find(key.hash, key.key) {
                 if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
                     return decision;

@@ -2,11 +2,20 @@
 //! lock, and a writer's lock under which keys are added, idle keys dropped and
 //! the table rebuilt.
 //!
-//! A rebuild makes a new table sized for the keys still live, retires every
-//! ring of the old one (see `table`'s invariant), copies the live ones, then
-//! publishes the new table; the old one is freed once no check can hold it
-//! (see `readers`). So memory follows the keys: a table is one
-//! allocation per array, and one that has emptied is handed back whole.
+//! A rebuild makes a new table sized for the keys still live, copies the
+//! live ones, then publishes the new table; the old one is freed once no
+//! check can hold it (see `readers`). So memory follows the keys: a table is
+//! one allocation per array, and one that has emptied is handed back whole.
+//!
+//! While it copies, no check may count in the old table, or its units would
+//! be lost. A rebuild first publishes the partition's *sealed* table, which
+//! holds no key and makes a check that loads it wait for the writer's lock
+//! and load again, then waits a few microseconds for the checks that may
+//! hold the old table to end. Once they have, the old table is the writer's
+//! alone: it reads each ring with one plain load and copies the live ones.
+//! If one is still running (descheduled mid-check), every ring is retired
+//! instead, with a compare-and-swap each (see `table`'s invariant), as a
+//! check that holds a retired ring looks again after the writer is done.
 //!
 //! Sizes: a table is full when every position is filled (tombstones count);
 //! a rebuild leaves room for a fifth more keys than it holds (as many again
@@ -38,6 +47,62 @@ impl<K, H: Head> Drop for Replaced<K, H> {
     }
 }
 
+/// The rings a sweep samples to choose between retiring idle rings in place
+/// and rebuilding the table.
+const SAMPLE: usize = 16;
+
+/// A rebuild under way: the partition's sealed table is published (checks
+/// that load it wait for the writer), and the table it replaced is held
+/// here. Dropped before [`publish`](Self::publish) (a panic in a key's
+/// `Hash` or `Clone`), it puts that table back, so that checks do not wait
+/// for good.
+struct Sealing<'p, K, H: Head> {
+    partition: &'p Partition<K, H>,
+    old: Option<Arc<Table<K, H>>>,
+}
+
+impl<'p, K, H: Head> Sealing<'p, K, H> {
+    /// Publish `partition`'s sealed table. For the writer's lock holder.
+    #[allow(unsafe_code)]
+    fn new(partition: &'p Partition<K, H>) -> Self {
+        let sealed = Arc::into_raw(Arc::clone(&partition.sealed)).cast_mut();
+        let old = partition.table.swap(sealed, SeqCst);
+        // SAFETY: the pointer swapped out held one strong count (see
+        // `Partition::table`), which this now owns.
+        let old = unsafe { Arc::from_raw(old) };
+        Sealing {
+            partition,
+            old: Some(old),
+        }
+    }
+
+    /// Publish `new` in place of the sealed table; the table it replaced
+    /// (checks may still hold it, unless they were waited for).
+    fn publish(mut self, new: Arc<Table<K, H>>) -> Arc<Table<K, H>> {
+        self.swap_sealed_for(new);
+        self.old.take().expect("published once")
+    }
+
+    #[allow(unsafe_code)]
+    fn swap_sealed_for(&self, table: Arc<Table<K, H>>) {
+        let table = Arc::into_raw(table).cast_mut();
+        let sealed = self.partition.table.swap(table, SeqCst);
+        debug_assert!(std::ptr::eq(sealed, Arc::as_ptr(&self.partition.sealed)));
+        // SAFETY: the pointer held one strong count of the sealed table,
+        // given up here while checks may still hold a reference to it: the
+        // partition's own `sealed` keeps it allocated as long as they can.
+        drop(unsafe { Arc::from_raw(sealed) });
+    }
+}
+
+impl<K, H: Head> Drop for Sealing<'_, K, H> {
+    fn drop(&mut self) {
+        if let Some(old) = self.old.take() {
+            self.swap_sealed_for(old);
+        }
+    }
+}
+
 /// See the module docs.
 pub(crate) struct Partition<K, H: Head> {
     /// The current table: one strong count of an `Arc`, turned into a pointer
@@ -51,6 +116,12 @@ pub(crate) struct Partition<K, H: Head> {
     /// memory it frees is not dotted with new small blocks (which would keep
     /// their pages resident under glibc, see `trim`).
     empty: Arc<Table<K, H>>,
+    /// The table while a rebuild copies the old one: of no room, as `empty`,
+    /// but a check that loads it waits for the writer's lock and loads
+    /// again. Published only by the lock's holder, and replaced before the
+    /// lock is let go (see `Sealing`), so a check that holds the lock never
+    /// loads it.
+    sealed: Arc<Table<K, H>>,
     /// Send and Sync as the `Arc`s it holds are.
     _tables: PhantomData<Arc<Table<K, H>>>,
 }
@@ -90,24 +161,57 @@ fn capacity_for(keys: usize) -> usize {
     }
 }
 
+/// Whether a table with room for `capacity` keys, `live` of them live, is
+/// rebuilt smaller by a sweep: under 3 in 10 of its room live.
+fn shrinks(live: usize, capacity: usize) -> bool {
+    capacity > MIN_CAPACITY && live * 10 < capacity * 3 && capacity_for(live) < capacity
+}
+
 impl<K, H: Head> Partition<K, H> {
-    /// The table now, for a check: no lock, no locked instruction.
+    /// The table now, for a check: no lock, no locked instruction. While a
+    /// rebuild copies the table, once the rebuild is done.
+    #[inline]
+    pub(crate) fn table(&self) -> TableRef<'_, K, H> {
+        loop {
+            let table = self.table_or_sealed();
+            if !std::ptr::eq(table.table, Arc::as_ptr(&self.sealed)) {
+                return table;
+            }
+            drop(table);
+            self.wait_for_rebuild();
+        }
+    }
+
+    /// The table now, or the sealed one while a rebuild copies the table:
+    /// for a check's first look for its key, which the sealed table does not
+    /// hold, so that a check that finds its key there pays nothing more, and
+    /// one that does not looks again through [`table`](Self::table).
     #[inline(always)]
     #[allow(unsafe_code)]
-    pub(crate) fn table(&self) -> TableRef<'_, K, H> {
+    pub(crate) fn table_or_sealed(&self) -> TableRef<'_, K, H> {
         let reading = Reading::enter();
         let table = self.table.load(Acquire);
-        // SAFETY: `table` came from `Arc::into_raw` (in `new` or `replace`),
-        // and the strong count it stands for is released only through
-        // `Retired`, which keeps it until every check that was running when
-        // the pointer was swapped out has ended (`readers`' invariant), this
-        // one included: `reading` started before the load and outlives the
-        // reference. Tested by `readers`' tests and the stress test of moves
-        // under racing checks.
+        // SAFETY: `table` came from `Arc::into_raw` (in `new`, `replace` or
+        // `Sealing`), and the strong count it stands for is released only
+        // once every check that was running when the pointer was swapped out
+        // has ended (through `Retired`, or after `wait_for_running_checks`
+        // in a rebuild; `readers`' invariant), this one included: `reading`
+        // started before the load and outlives the reference. The sealed
+        // table's count is released at once, as `sealed` keeps it allocated
+        // while the partition lives. Tested by `readers`' tests, the
+        // partition's tests of rebuilds under a check, and the stress test of
+        // moves under racing checks.
         TableRef {
             table: unsafe { &*table },
             _reading: reading,
         }
+    }
+
+    /// A rebuild has sealed the table: wait until its writer is done.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_rebuild(&self) {
+        drop(self.writer.lock());
     }
 
     /// The bytes of the table's arrays.
@@ -133,6 +237,7 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
             table: AtomicPtr::new(Arc::into_raw(Arc::clone(&empty)).cast_mut()),
             writer: Mutex::new(Retired::default()),
             empty,
+            sealed: Arc::new(Table::new(0, ring_len)),
             _tables: PhantomData,
         }
     }
@@ -267,9 +372,14 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
 
     /// Drop the keys idle at `now`: retire their rings in place, then, when
     /// few keys are left, rebuild the table smaller (its pass finds the
-    /// retired rings with one load each). How many.
+    /// retired rings with one load each); or, when a sample says few would
+    /// be left, rebuild it at once. How many.
     pub(crate) fn sweep<S: BuildHasher>(&mut self, g: &Geometry, now: u64, hasher: &S) -> usize {
         self.retired.collect();
+        if self.few_look_live(g, now) {
+            // The rebuild the pass below would end with, without the pass.
+            return self.rebuild(g, now, hasher, 0);
+        }
         let (mut live, mut dropped) = (0, 0);
         for i in self.table.positions() {
             let ring = self.table.ring(i);
@@ -284,19 +394,42 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
             // Every ring is retired, and only this writer could bring one
             // back: the table can go without another pass over it.
             self.replace(Arc::clone(&self.partition.empty));
-        } else if dropped > 0
-            && capacity > MIN_CAPACITY
-            && live * 10 < capacity * 3
-            && capacity_for(live) < capacity
-        {
+        } else if dropped > 0 && shrinks(live, capacity) {
             dropped += self.rebuild(g, now, hasher, 0);
         }
         dropped
     }
 
+    /// Whether a sample of the table's rings (up to [`SAMPLE`], spread
+    /// evenly) suggests that the sweep below would end in a rebuild: some
+    /// idle, and none live or few enough for a smaller table. A rebuild
+    /// straight away reads each ring once, where retiring the idle ones in
+    /// place first costs a compare-and-swap each. A guess: either way is
+    /// correct.
+    fn few_look_live(&self, g: &Geometry, now: u64) -> bool {
+        let (len, capacity) = (self.table.len(), self.table.capacity());
+        if len == 0 {
+            return false;
+        }
+        let step = len.div_ceil(SAMPLE);
+        let (mut seen, mut idle, mut live) = (0, 0, 0);
+        for i in (0..len).step_by(step) {
+            let ring = self.table.ring(i);
+            seen += 1;
+            if ring.is_idle(g, now) {
+                idle += 1;
+            } else if !ring.is_retired() {
+                live += 1;
+            }
+        }
+        // The sampled share of the filled positions, rounded up.
+        let live = (live * len).div_ceil(seen);
+        idle > 0 && (live == 0 || shrinks(live, capacity))
+    }
+
     /// Replace the table with one sized for its live keys and `extra` more:
-    /// retire every ring, copy the live ones, publish. The keys found idle
-    /// are dropped: how many.
+    /// seal, copy the live ones, publish (see the module docs). The keys
+    /// found idle are dropped: how many.
     fn rebuild<S: BuildHasher>(
         &mut self,
         g: &Geometry,
@@ -305,10 +438,23 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         extra: usize,
     ) -> usize {
         let old = Arc::clone(&self.table);
+        let sealing = Sealing::new(self.partition);
+        // Every check that loads the old table from now on waits; once those
+        // that hold it have ended, its rings no longer change.
+        let alone = readers::wait_for_running_checks();
+        #[cfg(all(test, not(tsw_loom)))]
+        tests::REBUILDS[usize::from(alone)].fetch_add(1, SeqCst);
         let mut live = Vec::new();
         let mut dropped = 0;
+        let slot = g.slot(now);
         for i in old.positions() {
-            match old.ring(i).retire_to_move(g, now) {
+            let ring = old.ring(i);
+            let state = if alone {
+                ring.state_unreachable(g, slot)
+            } else {
+                ring.retire_to_move(g, now)
+            };
+            match state {
                 ring::Retired::Already => {}
                 ring::Retired::Idle => dropped += 1,
                 ring::Retired::Live => live.push(i),
@@ -322,13 +468,31 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
                     if let Some(key) = old.key(i) {
                         let from = old.ring(i);
                         let hash = hasher.hash_one(key);
-                        new.insert_unshared(hash, key.clone(), |to| from.copy_to(g, &to));
+                        new.insert_unshared(hash, key.clone(), |to| {
+                            if alone {
+                                from.copy_unreachable_to(g, &to);
+                            } else {
+                                from.copy_to(g, &to);
+                            }
+                        });
                     }
                 }
                 Arc::new(new)
             }
         };
-        self.replace(new);
+        let gives_up = old.bytes().saturating_sub(new.bytes());
+        let old = sealing.publish(Arc::clone(&new));
+        if alone {
+            // No check holds it, and none can load it again.
+            trim::given_up(gives_up);
+            drop(old);
+        } else {
+            self.retired.retire(Replaced {
+                _table: old,
+                gives_up,
+            });
+        }
+        self.table = new;
         dropped
     }
 
@@ -353,13 +517,18 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
 }
 
 #[cfg(all(test, not(tsw_loom)))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ring::Compact;
     use crate::Policy;
     use std::time::Duration;
 
     const MS: u64 = 1_000_000;
+
+    /// Rebuilds in this test process that could not wait out the checks
+    /// holding the old table (`[0]`), and that did (`[1]`).
+    pub(crate) static REBUILDS: [std::sync::atomic::AtomicUsize; 2] =
+        [const { std::sync::atomic::AtomicUsize::new(0) }; 2];
 
     fn setup() -> (
         Partition<u64, Compact>,
@@ -463,6 +632,116 @@ mod tests {
             bytes,
             "counted once let go"
         );
+    }
+
+    /// Key 7 counts 1 unit at 2 s; the other 99 keys are idle at 2.5 s.
+    fn one_live_key() -> (
+        Partition<u64, Compact>,
+        Geometry,
+        foldhash::fast::RandomState,
+    ) {
+        let (p, g, h) = setup();
+        for k in 0..100u64 {
+            track(&p, &g, &h, k, 0);
+        }
+        let table = p.table();
+        let ring = table.ring(table.find(h.hash_one(7u64), &7).unwrap());
+        assert!(ring.acquire(&g, 2_000 * MS, 1).is_allowed());
+        drop(table);
+        (p, g, h)
+    }
+
+    #[test]
+    fn a_rebuild_with_no_check_running_reads_the_old_table_and_leaves_it_untouched() {
+        let (p, g, h) = one_live_key();
+        let old = Arc::clone(&p.write().table);
+        // Few live: the sweep rebuilds at once.
+        assert_eq!(p.write().sweep(&g, 2_500 * MS, &h), 99);
+        assert_eq!(used(&p, &g, &h, 7, 2_500 * MS), Some(1));
+        assert_eq!(p.table().len(), 1);
+        // Other tests' threads, descheduled mid-check, may have made this
+        // rebuild wait in vain and retire every ring: then it is not this
+        // path, and nothing is asserted of the old table.
+        let retired = old
+            .positions()
+            .filter(|&i| old.ring(i).is_retired())
+            .count();
+        assert!(retired == 0 || retired == 100, "{retired} retired");
+    }
+
+    #[test]
+    fn a_check_that_holds_the_old_table_through_a_rebuild_counts_in_the_new_one_or_not_at_all() {
+        let (p, g, h) = one_live_key();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (leave, leave_rx) = std::sync::mpsc::channel::<()>();
+        let counted_in_old = std::thread::scope(|scope| {
+            let (p, g, h) = (&p, &g, &h);
+            let check = scope.spawn(move || {
+                let table = p.table();
+                let ring = table.ring(table.find(h.hash_one(7u64), &7).unwrap());
+                entered_tx.send(()).unwrap();
+                leave_rx.recv().unwrap();
+                // After the rebuild: its ring was retired (the rebuild could
+                // not wait this check out), so nothing is counted here.
+                ring.try_acquire(g, 2_400 * MS, 1)
+                    .is_some_and(|d| d.is_allowed())
+            });
+            entered.recv().unwrap();
+            assert_eq!(p.write().sweep(g, 2_500 * MS, h), 99);
+            leave.send(()).unwrap();
+            check.join().unwrap()
+        });
+        assert!(!counted_in_old, "counted in a table already copied");
+        assert_eq!(used(&p, &g, &h, 7, 2_500 * MS), Some(1));
+    }
+
+    /// A u64 key whose `Clone` panics while `PANIC` is set.
+    #[derive(Debug, PartialEq, Eq, Hash)]
+    struct Brittle(u64);
+
+    static PANIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    impl Clone for Brittle {
+        fn clone(&self) -> Brittle {
+            assert!(!PANIC.load(SeqCst), "clone of {self:?}");
+            Brittle(self.0)
+        }
+    }
+
+    #[test]
+    fn a_rebuild_that_panics_puts_the_old_table_back() {
+        let g = Geometry::new(&Policy::per(3, Duration::from_secs(1)).unwrap());
+        let h = foldhash::fast::RandomState::default();
+        let p: Partition<Brittle, Compact> = Partition::new(g.ring_len());
+        let swept_at = AtomicU64::new(0);
+        let mut k = 0;
+        // Insert until the table is full: the next insert rebuilds it.
+        loop {
+            let mut w = p.write();
+            if k > 0 && w.table.len() == w.table.capacity() {
+                break;
+            }
+            let key = Brittle(k);
+            w.insert(h.hash_one(&key), key, (&g, 0, &[]), 0, &h, &swept_at);
+            k += 1;
+        }
+        PANIC.store(true, SeqCst);
+        let rebuild = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let key = Brittle(k);
+            let mut w = p.write();
+            w.insert(h.hash_one(&key), key, (&g, 0, &[]), 0, &h, &swept_at);
+        }));
+        PANIC.store(false, SeqCst);
+        assert!(rebuild.is_err(), "the rebuild cloned no key");
+        let table = p.table.load(Acquire);
+        assert!(!std::ptr::eq(table, Arc::as_ptr(&p.sealed)), "left sealed");
+        // The keys are there, as before the rebuild (their rings retired if
+        // the rebuild found a check of another test's running).
+        let table = p.table();
+        for k in 0..k {
+            let key = Brittle(k);
+            assert!(table.find(h.hash_one(&key), &key).is_some(), "key {k}");
+        }
     }
 
     #[test]

@@ -267,6 +267,53 @@ impl<T> Waiting<T> {
             .all(|(slot, word)| slot.word.load(Acquire) != *word)
             && (!self.without_slot || WITHOUT_SLOT.load(Acquire) == 0)
     }
+
+    /// Spin a few microseconds for the checks to end, unless this thread's
+    /// own check is one of them: whether they have.
+    fn wait(&self) -> bool {
+        if LOCAL.try_with(Local::reading).unwrap_or(false) {
+            return self.done();
+        }
+        for _ in 0..SPINS {
+            if self.done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        self.done()
+    }
+}
+
+/// The slots inside a check now, with their words, and whether a check
+/// without a slot runs. For a writer, after its heavy barrier.
+fn running_checks() -> (Vec<(&'static Slot, u64)>, bool) {
+    let slots = SLOTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|slot| (*slot, slot.word.load(Acquire)))
+        .filter(|(_, word)| word % 2 == 1)
+        .collect();
+    (slots, WITHOUT_SLOT.load(Acquire) > 0)
+}
+
+/// For a writer that has just swapped a pointer out: wait a few
+/// microseconds for every check that may have loaded the old value to end.
+/// True if they all have: no check holds the old value any more, and every
+/// write those checks made through it is visible to this thread. False if
+/// one still runs (or this thread is inside a check, or no barrier could be
+/// made): the caller must then treat the old value as still shared.
+pub(crate) fn wait_for_running_checks() -> bool {
+    if !heavy_barrier() {
+        return false;
+    }
+    let (slots, without_slot) = running_checks();
+    Waiting {
+        _value: (),
+        slots,
+        without_slot,
+    }
+    .wait()
 }
 
 impl<T> Default for Retired<T> {
@@ -295,14 +342,7 @@ impl<T> Retired<T> {
             }
             return;
         }
-        let slots: Vec<(&'static Slot, u64)> = SLOTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|slot| (*slot, slot.word.load(Acquire)))
-            .filter(|(_, word)| word % 2 == 1)
-            .collect();
-        let without_slot = WITHOUT_SLOT.load(Acquire) > 0;
+        let (slots, without_slot) = running_checks();
         let waiting = Waiting {
             _value: old,
             slots,
@@ -310,18 +350,8 @@ impl<T> Retired<T> {
         };
         // A check takes well under a microsecond: wait that long for the
         // ones running to end, so that the memory goes back now rather than
-        // at the partition's next write, unless this thread's own check
-        // holds it.
-        let own = LOCAL.try_with(Local::reading).unwrap_or(false);
-        if !own {
-            for _ in 0..SPINS {
-                if waiting.done() {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-        }
-        if !waiting.done() {
+        // at the partition's next write.
+        if !waiting.wait() {
             self.waiting.push(waiting);
         }
         self.collect();

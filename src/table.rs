@@ -27,10 +27,12 @@
 //!   tombstone: its key was dropped (idle), or its ring was moved to the
 //!   table that replaced this one. The writer may revive a tombstone for the
 //!   same key in place (`Ring::revive`); a rebuild drops the rest.
-//! - **Leaving.** A ring leaves a table only retired (see `ring`'s module
-//!   docs): by a sweep, idle; by a rebuild, idle or live, a live one copied
-//!   into the new table before the new table is published. A check that
-//!   holds a retired ring fails its re-read of the head and looks again.
+//! - **Leaving.** A ring leaves a table checks can reach only retired (see
+//!   `ring`'s module docs): by a sweep, idle; by a rebuild, idle or live, a
+//!   live one copied into the new table before the new table is published.
+//!   A check that holds a retired ring fails its re-read of the head and
+//!   looks again. A rebuild that has made the table unreachable (see
+//!   `partition`) reads and copies its rings as they are.
 //!
 //! Memory per key, a u64 key and the compact layout: 24 bytes of key and
 //! head (`OnceLock<u64>` and one word), 64 bytes of buckets, and 1.25 index

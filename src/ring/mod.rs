@@ -601,6 +601,36 @@ impl<'a, H: Head> Ring<'a, H> {
     pub(crate) fn copy_to(&self, g: &Geometry, to: &Ring<'_, H>) {
         let raw = self.head.load();
         debug_assert!(raw & RETIRED != 0, "copy of a ring in use");
+        self.copy_words_to(g, to, raw);
+    }
+
+    /// What [`retire_to_move`](Self::retire_to_move) would find at a time in
+    /// `slot`, for a ring no check can reach any more (in a table
+    /// unpublished, once every check that could hold it has ended): read
+    /// once, and left as it is, since no check can change it. A live one is
+    /// copied with [`copy_unreachable_to`](Self::copy_unreachable_to).
+    pub(crate) fn state_unreachable(&self, g: &Geometry, slot: u64) -> Retired {
+        let raw = self.head.load();
+        // A reset ends inside the check that began it.
+        debug_assert!(raw & RESETTING == 0, "a reset outlived its check");
+        if raw & RETIRED != 0 {
+            Retired::Already
+        } else if idle_at_slot::<H>(g, raw, slot) {
+            Retired::Idle
+        } else {
+            Retired::Live
+        }
+    }
+
+    /// [`copy_to`](Self::copy_to) for a ring no check can reach any more
+    /// (see [`state_unreachable`](Self::state_unreachable)): its words no
+    /// longer change, as a retired ring's do not.
+    pub(crate) fn copy_unreachable_to(&self, g: &Geometry, to: &Ring<'_, H>) {
+        self.copy_words_to(g, to, self.head.load());
+    }
+
+    /// The copy, from the head read as `raw`, which no longer changes.
+    fn copy_words_to(&self, g: &Geometry, to: &Ring<'_, H>, raw: u64) {
         let s = slot_of::<H>(raw);
         // A retired head no longer changes (checks only change a head with
         // no flags), so its base, read now, stays the base of `s` (or
@@ -629,7 +659,6 @@ impl<'a, H: Head> Ring<'a, H> {
     }
 
     /// Whether the ring is idle at `now` (see `idle`), read once.
-    #[cfg(all(test, not(tsw_loom)))]
     pub(crate) fn is_idle(&self, g: &Geometry, now: u64) -> bool {
         idle::<H>(g, self.head.load(), now)
     }
@@ -998,7 +1027,12 @@ fn scan_from_counts(counts: &[u64], g: &Geometry) -> Scan {
 /// Whether a ring whose head word reads `raw` is idle at `now`: more than
 /// `N` slots behind, not being reset, not retired.
 fn idle<H: Head>(g: &Geometry, raw: u64, now: u64) -> bool {
-    raw & FLAGS == 0 && g.slot(now).saturating_sub(H::newest(raw)) > g.n
+    idle_at_slot::<H>(g, raw, g.slot(now))
+}
+
+/// [`idle`] at the slot of `now`, for a loop over many rings.
+fn idle_at_slot<H: Head>(g: &Geometry, raw: u64, slot: u64) -> bool {
+    raw & FLAGS == 0 && slot.saturating_sub(H::newest(raw)) > g.n
 }
 /// The weighted count of `scan` plus `extra`, scaled by the bucket width so the
 /// interpolated weight stays in integers.

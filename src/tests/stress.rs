@@ -568,12 +568,16 @@ fn moved_under_racing_checks(width: u64) {
     assert_no_span_over_limit(&records, WATCHED);
     let allowed = records.iter().filter(|r| r.allowed).count();
     let stats = limiter.stats();
+    let rebuilt = &crate::partition::tests::REBUILDS;
     println!(
         "rebuilds under racing checks, buckets of {width} ns: {} checks of {WATCHED} watched \
          keys, {allowed} admitted; \
-         at least {rebuilds} rebuilds; {} keys evicted",
+         at least {rebuilds} rebuilds; {} keys evicted; in this process so far, {} rebuilds \
+         read the old table alone, {} retired its rings as checks still held it",
         records.len(),
-        stats.keys_evicted
+        stats.keys_evicted,
+        rebuilt[1].load(SeqCst),
+        rebuilt[0].load(SeqCst),
     );
     assert!(allowed > 0);
     assert!(rebuilds >= MIN_REBUILDS, "{rebuilds} rebuilds");
