@@ -412,18 +412,23 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
             return false;
         }
         let step = len.div_ceil(SAMPLE);
-        let (mut seen, mut idle, mut live) = (0, 0, 0);
+        let samples = len.div_ceil(step);
+        let (mut idle, mut live) = (0, 0);
         for i in (0..len).step_by(step) {
             let ring = self.table.ring(i);
-            seen += 1;
             if ring.is_idle(g, now) {
                 idle += 1;
             } else if !ring.is_retired() {
                 live += 1;
+                // Already too many to shrink for: a table in use, the
+                // common sweep, stops after a few reads.
+                if live * len * 10 >= samples * capacity * 3 {
+                    return false;
+                }
             }
         }
         // The sampled share of the filled positions, rounded up.
-        let live = (live * len).div_ceil(seen);
+        let live = (live * len).div_ceil(samples);
         idle > 0 && (live == 0 || shrinks(live, capacity))
     }
 
