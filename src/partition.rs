@@ -376,7 +376,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
     /// be left, rebuild it at once. How many.
     pub(crate) fn sweep<S: BuildHasher>(&mut self, g: &Geometry, now: u64, hasher: &S) -> usize {
         self.retired.collect();
-        if self.few_look_live(g, now) {
+        if self.looks_mostly_idle(g, now) {
             // The rebuild the pass below would end with, without the pass.
             return self.rebuild(g, now, hasher, 0);
         }
@@ -406,7 +406,7 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
     /// straight away reads each ring once, where retiring the idle ones in
     /// place first costs a compare-and-swap each. A guess: either way is
     /// correct.
-    fn few_look_live(&self, g: &Geometry, now: u64) -> bool {
+    fn looks_mostly_idle(&self, g: &Geometry, now: u64) -> bool {
         let (len, capacity) = (self.table.len(), self.table.capacity());
         if len == 0 {
             return false;
