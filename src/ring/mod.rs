@@ -1961,7 +1961,7 @@ mod loom_tests {
         let old = Arc::new(OwnedRing::<H>::new(&g, 0));
         let new = Arc::new(OwnedRing::<H>::new(&g, 0));
         let writer = Arc::new(Mutex::new(()));
-        let mut all: Vec<Decision> = setup
+        let all: Vec<Decision> = setup
             .iter()
             .map(|&(t, c)| old.ring().acquire(&g, t, c))
             .collect();
@@ -1986,13 +1986,28 @@ mod loom_tests {
             Retired::Already => unreachable!("only the mover retires"),
         }
         drop(held);
+        moved_units_are_all_in_the_copy(&g, all, handles, &new)
+    }
+
+    /// The end of a move model: join the checks (each returning its
+    /// decision and whether it was made in the copy), then assert the
+    /// invariant over `admitted` (the setup's decisions) and theirs together,
+    /// and that the copy `new` holds every unit admitted in the old ring.
+    /// The checks' decisions.
+    fn moved_units_are_all_in_the_copy<H: Head>(
+        g: &Geometry,
+        mut all: Vec<Decision>,
+        handles: Vec<loom::thread::JoinHandle<(Decision, bool)>>,
+        new: &OwnedRing<H>,
+    ) -> Vec<(Decision, bool)> {
+        let setup = all.len();
         let raced: Vec<(Decision, bool)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         all.extend(raced.iter().map(|&(d, _)| d));
-        assert_within_limit(&g, &all);
+        assert_within_limit(g, &all);
         // Every unit admitted in the old ring is in the new one, at its slot
         // (the copy may also hold units taken back since: the safe side).
         // Read at the new ring's newest slot (a clock reading of 0 is behind it).
-        let (s, counts) = new.ring().counts_by_age(&g, 0);
+        let (s, counts) = new.ring().counts_by_age(g, 0);
         let in_new = |slot: u64| {
             s.checked_sub(slot)
                 .and_then(|a| counts.get(a as usize))
@@ -2000,7 +2015,7 @@ mod loom_tests {
                 .unwrap_or(0)
         };
         let mut admitted_old = std::collections::BTreeMap::new();
-        let in_old = all[..setup.len()].iter().map(|&d| (d, false));
+        let in_old = all[..setup].iter().map(|&d| (d, false));
         for (d, moved) in in_old.chain(raced.iter().copied()) {
             if d.is_allowed() && !moved {
                 *admitted_old.entry(d.slot).or_insert(0u64) += d.cost as u64;
@@ -2063,7 +2078,7 @@ mod loom_tests {
         let new = Arc::new(OwnedRing::<H>::new(&g, 0));
         let table = Arc::new(AtomicUsize::new(OLD));
         let writer = Arc::new(Mutex::new(()));
-        let mut all: Vec<Decision> = setup
+        let all: Vec<Decision> = setup
             .iter()
             .map(|&(t, c)| old.ring().acquire(&g, t, c))
             .collect();
@@ -2107,28 +2122,7 @@ mod loom_tests {
             Retired::Already => unreachable!("only the mover retires"),
         }
         drop(held);
-        let raced: Vec<(Decision, bool)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        all.extend(raced.iter().map(|&(d, _)| d));
-        assert_within_limit(&g, &all);
-        let (s, counts) = new.ring().counts_by_age(&g, 0);
-        let mut admitted_old = std::collections::BTreeMap::new();
-        let in_old = all[..setup.len()].iter().map(|&d| (d, false));
-        for (d, moved) in in_old.chain(raced.iter().copied()) {
-            if d.is_allowed() && !moved {
-                *admitted_old.entry(d.slot).or_insert(0u64) += d.cost as u64;
-            }
-        }
-        for (&slot, &units) in &admitted_old {
-            if slot + g.n >= s {
-                let copied = s
-                    .checked_sub(slot)
-                    .and_then(|a| counts.get(a as usize))
-                    .copied()
-                    .unwrap_or(0);
-                assert!(copied >= units, "{units} units of slot {slot} not copied");
-            }
-        }
-        raced
+        moved_units_are_all_in_the_copy(&g, all, handles, &new)
     }
 
     fn checks_racing_a_sealed_move_are_counted_once_in_one_ring_or_the_other<H: Head>() {
