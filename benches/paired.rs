@@ -8,68 +8,23 @@
 //! order, and the ratio is taken within the round; the table gives the median
 //! round and the 10th–90th percentile range.
 //!
-//! Run: `cargo bench --bench paired` (about 50 s). Contenders and workloads are
+//! Run: `cargo bench --bench paired` (one to two minutes). Contenders and workloads are
 //! those of `benches/limiter.rs` (`support/limiters.rs`): ours on its default
 //! clock, governor's keyed limiter on its own; u64 keys. Each on its default
 //! hasher (ours foldhash, governor std's SipHash), and a second table repeats
-//! the four single-thread rows against governor on foldhash, the same hasher.
+//! the single-thread rows against governor on foldhash, the same hasher.
 
 #[path = "support/limiters.rs"]
 mod limiters;
 mod support;
 
 use limiters::{
-    governor, governor_foldhash, ours, ours_on, run_one, run_parallel, warm, Check, Load, KEYS,
+    governor, governor_foldhash, ours, ours_on, run_one, run_parallel, warm, Check, Floor, Load,
+    KEYS,
 };
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use support::Keys;
-use tower_sliding_window::clock::{Clock, CoarseClock};
 use tower_sliding_window::ManualClock;
-
-/// The least a keyed sliding-window check can cost: the coarse clock read,
-/// a lookup in a map no other thread writes (std's `HashMap` on foldhash, as
-/// ours hashes, filled before the run with the keys the workloads use, so it
-/// needs no synchronisation at all), a read of the key's window (the 16
-/// 32-bit buckets of a compact-ring-sized value, summed) and one
-/// compare-and-swap on the bucket the time chooses, as a strict check's
-/// admission needs. No tags, no decision, no stats, no eviction: any
-/// limiter's map, which others write meanwhile, costs more.
-///
-/// Without the read of the window this is a few instructions: at 100k keys
-/// the processor then runs several checks' lookups at once, their cache
-/// misses overlapping, which no check of a window can match.
-struct Floor {
-    map: HashMap<u64, (AtomicU64, [AtomicU32; 16]), foldhash::fast::RandomState>,
-    clock: CoarseClock,
-}
-
-impl Floor {
-    fn new(_: Load) -> Floor {
-        let mut map = HashMap::with_hasher(Default::default());
-        for k in 0..=KEYS {
-            map.insert(k, Default::default());
-        }
-        Floor {
-            map,
-            clock: CoarseClock::new(),
-        }
-    }
-}
-
-impl Check for Floor {
-    #[inline]
-    fn check(&self, key: &u64) -> bool {
-        let now = self.clock.now_nanos();
-        let Some((_, ring)) = self.map.get(key) else {
-            return false;
-        };
-        let used: u32 = ring.iter().map(|b| b.load(SeqCst)).sum();
-        let cell = &ring[(now >> 26) as usize % 16];
-        let old = cell.load(SeqCst);
-        used < u32::MAX && cell.compare_exchange(old, old + 1, SeqCst, SeqCst).is_ok()
-    }
-}
 
 const ROUNDS: usize = 41;
 /// Checks per thread in one chunk: tens of milliseconds, several passes over
@@ -188,7 +143,7 @@ fn scaling_by_position() {
 /// order, as ours and an allocator boxing entries one by one do, is then
 /// read front to back, and the hardware prefetcher hides some of its
 /// misses), and in a random order, unrelated to that one (see `warm`).
-const SINGLE_THREAD: [(&str, Load, Keys, &str); 6] = [
+const SINGLE_THREAD: [(&str, Load, Keys, &str); 8] = [
     (
         "1 thread, hot key, allowed",
         Load::Allowed,
@@ -203,6 +158,12 @@ const SINGLE_THREAD: [(&str, Load, Keys, &str); 6] = [
         "≤ 0.6×",
     ),
     (
+        "1 thread, 100k keys, allowed, compact rings",
+        Load::AllowedCompact,
+        Keys::OwnRange(KEYS),
+        "",
+    ),
+    (
         "1 thread, 100k keys, denied",
         Load::Denied,
         Keys::OwnRange(KEYS),
@@ -211,6 +172,12 @@ const SINGLE_THREAD: [(&str, Load, Keys, &str); 6] = [
     (
         "1 thread, 100k keys in random order, allowed",
         Load::Allowed,
+        Keys::OwnRangeShuffled(KEYS),
+        "",
+    ),
+    (
+        "1 thread, 100k keys in random order, allowed, compact rings",
+        Load::AllowedCompact,
         Keys::OwnRangeShuffled(KEYS),
         "",
     ),
@@ -251,8 +218,9 @@ fn main() {
     println!();
     println!(
         "The floor: a lookup in a map no thread writes (std HashMap, foldhash), a coarse clock \
-         read, a read of the value's 16 buckets and one CAS in it, nothing else (no keyed \
-         sliding-window check could do less), against governor's default:"
+         read, a read of the value's head and 16 buckets (64-bit for the rows ours runs on wide \
+         rings, 32-bit for compact) and one CAS in it, nothing else (no keyed sliding-window \
+         check could do less), against governor's default:"
     );
     println!();
     println!(
@@ -260,8 +228,26 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|");
     for (name, load, keys, target) in SINGLE_THREAD {
-        if matches!(load, Load::Allowed) {
-            versus(name, load, keys, target, Floor::new, governor);
+        match load {
+            Load::Allowed => versus(name, load, keys, target, Floor::<AtomicU64>::new, governor),
+            Load::AllowedCompact => {
+                versus(name, load, keys, target, Floor::<AtomicU32>::new, governor)
+            }
+            Load::Denied => {}
+        }
+    }
+    println!();
+    println!(
+        "Ours against the floor, the same rows (how far ours is from the least any check costs):"
+    );
+    println!();
+    println!("| workload | ours | floor | ours / floor, median round | 10th–90th pct | target |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, load, keys, _) in SINGLE_THREAD {
+        match load {
+            Load::Allowed => versus(name, load, keys, "", ours, Floor::<AtomicU64>::new),
+            Load::AllowedCompact => versus(name, load, keys, "", ours, Floor::<AtomicU32>::new),
+            Load::Denied => {}
         }
     }
     println!();

@@ -7,7 +7,10 @@
 //! ```
 //!
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
-//! `ours-hot-auto` (the default clock), `layer-{none,ours,governor}[-rejected]`
+//! `ours-hot-auto` (the default clock), `ours-100k[-compact][-random]` (a
+//! limit of 65 535 a second, compact rings; keys in a random order, as
+//! `paired`), `governor-100k-random`, `floor-100k[-compact][-random]`
+//! (`paired`'s floor), `layer-{none,ours,governor}[-rejected]`
 //! `layer-{none,ours,governor}-peer-ip`, `layer-{none,ours,governor}-router`,
 //! `layer-ours-one-key` and `layer-ours-tiers` (one key, one policy, in a
 //! layer of policies and as a tier)
@@ -19,24 +22,55 @@
 
 #[path = "support/layers.rs"]
 mod layers;
+#[path = "support/limiters.rs"]
+mod limiters;
+// Its cursors only.
+#[allow(dead_code)]
+mod support;
 
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use layers::{inner, Keys};
+use limiters::{Check, Floor};
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
+use support::Cursor;
 use tower::Layer;
 use tower_sliding_window::clock::{AutoClock, Clock, TokioClock};
 use tower_sliding_window::{Limiter, ManualClock, Policy};
 
 const KEYS: u64 = 100_000;
 
-fn ours<C: Clock>(clock: C, denied: bool, keys: u64, iters: u64) {
-    let policy = if denied {
-        Policy::per(1, Duration::from_secs(3600))
-    } else {
-        Policy::per(1_000_000_000, Duration::from_secs(1))
+/// The limit of a workload: a hot key's that no run reaches (wide rings), a
+/// limit of 100k keys' that a 16-bit count holds (compact rings), or 1 an
+/// hour (every check after the first denied; compact).
+#[derive(Clone, Copy)]
+enum Load {
+    Allowed,
+    AllowedCompact,
+    Denied,
+}
+
+/// `keys` keys in the order they were first checked, or in a random order
+/// unrelated to it (`support::Keys::OwnRangeShuffled`, as `paired`).
+fn cursor(keys: u64, random: bool) -> Cursor {
+    Cursor::new(
+        if random {
+            support::Keys::OwnRangeShuffled(keys)
+        } else {
+            support::Keys::OwnRange(keys)
+        },
+        0,
+    )
+}
+
+fn ours<C: Clock>(clock: C, load: Load, keys: u64, random: bool, iters: u64) {
+    let policy = match load {
+        Load::Allowed => Policy::per(1_000_000_000, Duration::from_secs(1)),
+        Load::AllowedCompact => Policy::per(65_535, Duration::from_secs(1)),
+        Load::Denied => Policy::per(1, Duration::from_secs(3600)),
     };
     let l: Limiter<u64, C> = Limiter::builder(policy.unwrap())
         .clock(clock)
@@ -46,13 +80,9 @@ fn ours<C: Clock>(clock: C, denied: bool, keys: u64, iters: u64) {
     for k in 0..keys {
         let _ = l.check(&k);
     }
-    let mut k = 0;
+    let mut cursor = cursor(keys, random);
     for _ in 0..iters {
-        let _ = black_box(l.check(black_box(&k)));
-        k += 1;
-        if k == keys {
-            k = 0;
-        }
+        let _ = black_box(l.check(black_box(&cursor.next_key())));
     }
 }
 
@@ -74,23 +104,29 @@ fn ours_evict(rounds: u64) {
     }
 }
 
-fn governor(denied: bool, keys: u64, iters: u64) {
-    let quota = if denied {
-        Quota::per_hour(NonZeroU32::new(1).unwrap())
-    } else {
-        Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap())
+fn governor(load: Load, keys: u64, random: bool, iters: u64) {
+    let quota = match load {
+        Load::Allowed => Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
+        Load::AllowedCompact => Quota::per_second(NonZeroU32::new(65_535).unwrap()),
+        Load::Denied => Quota::per_hour(NonZeroU32::new(1).unwrap()),
     };
     let l = RateLimiter::dashmap_with_clock(quota, FakeRelativeClock::default());
     for k in 0..keys {
         let _ = l.check_key(&k);
     }
-    let mut k = 0u64;
+    let mut cursor = cursor(keys, random);
     for _ in 0..iters {
-        let _ = black_box(l.check_key(black_box(&k)));
-        k += 1;
-        if k == keys {
-            k = 0;
-        }
+        let _ = black_box(l.check_key(black_box(&cursor.next_key())));
+    }
+}
+
+/// The floor of `paired` (`limiters::Floor`): a lookup in a map no thread
+/// writes, a read of a window of `W` buckets and one CAS.
+fn floor<W: limiters::FloorWord>(keys: u64, random: bool, iters: u64) {
+    let l = Floor::<W>::new(limiters::Load::Allowed);
+    let mut cursor = cursor(keys, random);
+    for _ in 0..iters {
+        let _ = black_box(l.check(black_box(&cursor.next_key())));
     }
 }
 
@@ -114,22 +150,33 @@ fn main() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(1_000_000);
     match workload {
-        "ours-hot" => ours(ManualClock::new(), false, 1, iters),
-        "ours-hot-denied" => ours(ManualClock::new(), true, 1, iters),
-        "ours-hot-tokio" => ours(TokioClock::new(), false, 1, iters),
+        "ours-hot" => ours(ManualClock::new(), Load::Allowed, 1, false, iters),
+        "ours-hot-denied" => ours(ManualClock::new(), Load::Denied, 1, false, iters),
+        "ours-hot-tokio" => ours(TokioClock::new(), Load::Allowed, 1, false, iters),
         "ours-hot-auto" => ours(
             AutoClock::for_bucket(Duration::from_millis(66)),
-            false,
+            Load::Allowed,
             1,
+            false,
             iters,
         ),
-        "ours-100k" => ours(ManualClock::new(), false, KEYS, iters),
-        "ours-100k-denied" => ours(ManualClock::new(), true, KEYS, iters),
+        "ours-100k" => ours(ManualClock::new(), Load::Allowed, KEYS, false, iters),
+        "ours-100k-compact" => ours(ManualClock::new(), Load::AllowedCompact, KEYS, false, iters),
+        "ours-100k-denied" => ours(ManualClock::new(), Load::Denied, KEYS, false, iters),
+        "ours-100k-random" => ours(ManualClock::new(), Load::Allowed, KEYS, true, iters),
+        "ours-100k-compact-random" => {
+            ours(ManualClock::new(), Load::AllowedCompact, KEYS, true, iters)
+        }
         "ours-evict" => ours_evict(iters),
-        "governor-hot" => governor(false, 1, iters),
-        "governor-hot-denied" => governor(true, 1, iters),
-        "governor-100k" => governor(false, KEYS, iters),
-        "governor-100k-denied" => governor(true, KEYS, iters),
+        "governor-hot" => governor(Load::Allowed, 1, false, iters),
+        "governor-hot-denied" => governor(Load::Denied, 1, false, iters),
+        "governor-100k" => governor(Load::Allowed, KEYS, false, iters),
+        "governor-100k-denied" => governor(Load::Denied, KEYS, false, iters),
+        "governor-100k-random" => governor(Load::Allowed, KEYS, true, iters),
+        "floor-100k" => floor::<AtomicU64>(KEYS, false, iters),
+        "floor-100k-random" => floor::<AtomicU64>(KEYS, true, iters),
+        "floor-100k-compact" => floor::<AtomicU32>(KEYS, false, iters),
+        "floor-100k-compact-random" => floor::<AtomicU32>(KEYS, true, iters),
         "layer-none" => layer(inner(), Keys::Global, iters),
         "layer-ours" => layer(layers::ours(u32::MAX).layer(inner()), Keys::Global, iters),
         "layer-ours-rejected" => layer(layers::ours(1).layer(inner()), Keys::Global, iters),
