@@ -10,6 +10,7 @@ use crate::partition::{Partition, Slot, Writing};
 use crate::policy::Policy;
 use crate::ring::{peek_empty, Compact, Geometry, Head, OwnedRing, Ring, Wide, WindowSnapshot};
 use crate::stats::{Counters, KeyUsage, LimiterStats};
+use crate::table::MAX_CAPACITY;
 use crate::trim;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -38,6 +39,10 @@ const PARTITION_SHIFT: u32 = 48;
 /// a 256th of the cap.
 const KEYS_PER_PARTITION: usize = 4096;
 const MAX_PARTITIONS: usize = 256;
+/// The highest cap (about 2^32 keys, some 400 GB of them): a partition's
+/// share of it stays at half the most keys a table can hold, far beyond
+/// what uneven partitions can add, so a table never has to grow past that.
+const MAX_KEYS: usize = MAX_PARTITIONS * (MAX_CAPACITY / 2);
 /// Groups of keys with their own overflow mark (8 KB per limiter). A key that
 /// shares its group's mark with one the overflow ring counted starts its ring
 /// as a copy of the overflow ring: more groups, fewer such keys.
@@ -258,6 +263,8 @@ impl<C> LimiterBuilder<C> {
     }
 
     /// The most keys tracked at once (default [`Limiter::DEFAULT_MAX_KEYS`]).
+    /// A cap above 4 294 967 040 (about 2^32 keys, some 400 GB of memory) is
+    /// taken as that.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -440,6 +447,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
         sweep: Option<SweepPlan>,
         now: u64,
     ) -> State<K, C, H> {
+        let max_keys = max_keys.min(MAX_KEYS);
         let next_sweep_at = next_slot_start(now, shape.width());
         let single = (std::mem::size_of::<K>() == 0).then(|| OwnedRing::new(&shape, now));
         let partitions = if single.is_some() {
@@ -1302,7 +1310,7 @@ mod tests {
 
     #[test]
     fn a_tracked_key_takes_at_most_128_bytes_of_table_as_the_map_grows() {
-        // The tables' arrays (control bytes, keys and heads, buckets), summed
+        // The tables' arrays (index, keys and heads, buckets), summed
         // over the partitions, per tracked key, for the default policy and
         // u64 keys and IP addresses (17 bytes: the address extractors' key),
         // at key counts that fall anywhere in the tables' growth.
@@ -1745,6 +1753,21 @@ mod tests {
                 .max_keys(0)
                 .build();
         assert!(matches!(r.unwrap_err(), ConfigError::ZeroMaxKeys));
+    }
+
+    #[test]
+    fn a_cap_above_the_highest_is_taken_as_the_highest() {
+        let l: Limiter<u64, _> = Limiter::builder(Policy::per(1, Duration::from_secs(1)).unwrap())
+            .max_keys(usize::MAX)
+            .build()
+            .unwrap();
+        with_state!(&l.state, state => {
+            assert_eq!(state.max_keys, MAX_KEYS);
+            // Each partition's share, even twice over, fits a table.
+            assert!(MAX_KEYS / state.partitions.len() * 2 <= MAX_CAPACITY);
+        });
+        assert!(l.check(&7).is_allowed());
+        assert!(!l.check(&7).is_allowed());
     }
 
     #[test]

@@ -4,9 +4,11 @@
 //! A table has room for `capacity` keys, at positions filled front to back:
 //! position `i` holds a key and its ring's head (`entries[i]`) and the ring's
 //! buckets (`ring_len` words of `lines` from `i * ring_len`). An index of
-//! control bytes and positions, a quarter larger than the capacity, finds a
-//! key's position by its hash. The large arrays need no slack for probing
-//! (only the index, at 5 bytes a slot, has it), and keys first seen together
+//! 32-bit slots, a quarter larger than the capacity, finds a key's position
+//! by its hash: a full slot holds 7 bits of the key's hash and the position,
+//! so a probe reads one array, most often one line of it. The large arrays
+//! need no slack for probing (only the index, at 4 bytes a slot, has it),
+//! and keys first seen together
 //! lie together: sweeps and rebuilds read the arrays front to back, and
 //! checks of keys in the order they arrived read them the same way, which the
 //! hardware prefetcher serves ahead of the check.
@@ -15,10 +17,10 @@
 //!
 //! - **Written once.** A position is filled once in a table's life, by the
 //!   table's one writer (its partition's lock holder): the key is set, the
-//!   ring written, `len` raised past it (`Release`), then an index slot gets
-//!   the position and the slot's control byte is published (`Release`).
-//!   Readers reach a position by its control byte (`Acquire`) or below `len`
-//!   (`Acquire`), so they see the key and the ring's words as written. Index
+//!   ring written, `len` raised past it (`Release`), then an index slot is
+//!   published with the position (`Release`). Readers reach a position by
+//!   its index slot (`Acquire`) or below `len` (`Acquire`), so they see the
+//!   key and the ring's words as written. Index
 //!   slots are never emptied, so the slots between a key's home and its slot
 //!   stay full: a probe that meets an empty slot has passed every slot the
 //!   key could be in.
@@ -36,21 +38,26 @@
 //!
 //! Memory per key, a u64 key and the compact layout: 24 bytes of key and
 //! head (`OnceLock<u64>` and one word), 64 bytes of buckets, and 1.25 index
-//! slots of 5 bytes (a control byte and a 32-bit position).
+//! slots of 4 bytes.
 
 use crate::ring::{lines_for, Bucket, Head, Line, LineOf, Ring};
 use std::hash::Hash;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{
-    AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
 use std::sync::OnceLock;
 
-/// The low byte of each of a word's 8 control bytes, and the high bit.
-const LO: u64 = 0x0101_0101_0101_0101;
-const HI: u64 = 0x8080_8080_8080_8080;
+/// A full index slot: the top 7 bits of the key's hash above `POSITION_BITS`
+/// bits of its position + 1 (never 0, the empty slot).
+const POSITION_BITS: u32 = 25;
+const POSITION_MASK: u32 = (1 << POSITION_BITS) - 1;
 /// Tables with any room never have room for fewer keys than this.
 pub(crate) const MIN_CAPACITY: usize = 8;
+/// Nor for more than this (33.5M keys, about 3 GiB of table): the positions
+/// an index slot holds. A limiter's cap keeps each of its tables below it
+/// (see `limiter::MAX_KEYS`).
+pub(crate) const MAX_CAPACITY: usize = POSITION_MASK as usize;
 
 /// A key and its ring's head: what a check reads first at a position.
 #[derive(Debug)]
@@ -71,10 +78,7 @@ impl<K, H: Head> Entry<K, H> {
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Table<K, H: Head> {
-    /// One byte an index slot, 8 a word: 0 empty, else `0x80 | ` the top 7
-    /// bits of the key's hash.
-    ctrl: Box<[AtomicU64]>,
-    /// Each full index slot's position.
+    /// 0 empty, else a key's [`slot`] word.
     index: Box<[AtomicU32]>,
     /// Dropped by hand (see `Drop`): for keys without drop glue, freeing a
     /// table then skips a pass over its entries.
@@ -86,10 +90,16 @@ pub(crate) struct Table<K, H: Head> {
     ring_len: usize,
 }
 
-/// The control byte of a full slot for `hash`.
+/// The bits of `hash` an index slot holds.
 #[inline(always)]
-fn tag(hash: u64) -> u64 {
-    0x80 | (hash >> 57)
+fn tag(hash: u64) -> u32 {
+    (hash >> 57) as u32
+}
+
+/// The index slot of a key of `hash` at `position`.
+#[inline(always)]
+fn slot(hash: u64, position: usize) -> u32 {
+    tag(hash) << POSITION_BITS | (position as u32 + 1)
 }
 
 impl<K, H: Head> Drop for Table<K, H> {
@@ -113,8 +123,7 @@ impl<K, H: Head> Table<K, H> {
     /// The bytes of the table's arrays (its heap, but for the allocator's
     /// own overhead and the table's few words).
     pub(crate) fn bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.ctrl)
-            + std::mem::size_of_val(&*self.index)
+        std::mem::size_of_val(&*self.index)
             + std::mem::size_of_val(&*self.entries)
             + std::mem::size_of_val(&*self.lines)
     }
@@ -122,18 +131,18 @@ impl<K, H: Head> Table<K, H> {
 
 impl<K: Hash + Eq, H: Head> Table<K, H> {
     /// An empty table with room for at least `capacity` keys (at least
-    /// [`MIN_CAPACITY`]; none for 0) with rings of `ring_len` buckets. A
-    /// table of no room allocates nothing, finds nothing, and is full.
+    /// [`MIN_CAPACITY`], at most [`MAX_CAPACITY`]; none for 0) with rings
+    /// of `ring_len` buckets. A table of no room allocates nothing, finds
+    /// nothing, and is full.
     pub(crate) fn new(capacity: usize, ring_len: usize) -> Table<K, H> {
-        // Positions are 32-bit: 2^32 keys would take hundreds of GiB.
         let capacity = match capacity {
             0 => 0,
-            c => c.clamp(MIN_CAPACITY, u32::MAX as usize),
+            c => c.clamp(MIN_CAPACITY, MAX_CAPACITY),
         };
-        // At most 4 index slots in 5 full: short probes.
+        // At most 4 index slots in 5 full: short probes, and always an empty
+        // slot to end one.
         let slots = (capacity + capacity / 4).next_multiple_of(8);
         Table {
-            ctrl: (0..slots / 8).map(|_| AtomicU64::new(0)).collect(),
             index: (0..slots).map(|_| AtomicU32::new(0)).collect(),
             entries: (0..capacity)
                 .map(|_| ManuallyDrop::new(Entry::empty()))
@@ -165,38 +174,25 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     /// may be retired).
     #[inline(always)]
     pub(crate) fn find(&self, hash: u64, key: &K) -> Option<usize> {
-        if self.ctrl.is_empty() {
+        if self.index.is_empty() {
             return None;
         }
-        let home = self.home(hash);
-        // Most keys sit at or just after their home slot: start loading its
-        // position with its control byte, not after it.
-        std::hint::black_box(self.index[home].load(Relaxed));
-        let repeated = tag(hash) * LO;
-        let mut w = home / 8;
-        // The first word from the home slot on; wrapping round, all of it.
-        let mut valid = u64::MAX << (8 * (home % 8));
+        let tag = tag(hash);
+        let mut s = self.home(hash);
         loop {
-            let bytes = self.ctrl[w].load(Acquire);
-            // Bytes equal to the tag (a byte above a true match may show
-            // too: the key comparison weeds it out).
-            let x = bytes ^ repeated;
-            let mut matches = x.wrapping_sub(LO) & !x & HI & valid;
-            while matches != 0 {
-                let slot = w * 8 + (matches.trailing_zeros() / 8) as usize;
-                // Written before the control byte this load follows.
-                let i = self.index[slot].load(Relaxed) as usize;
+            // Published after the key and the ring (`insert`).
+            let word = self.index[s].load(Acquire);
+            if word == 0 {
+                return None;
+            }
+            if word >> POSITION_BITS == tag {
+                let i = (word & POSITION_MASK) as usize - 1;
                 self.touch_ring(i);
                 if self.entries[i].key.get() == Some(key) {
                     return Some(i);
                 }
-                matches &= matches - 1;
             }
-            if !bytes & HI & valid != 0 {
-                return None;
-            }
-            w = if w + 1 == self.ctrl.len() { 0 } else { w + 1 };
-            valid = u64::MAX;
+            s = if s + 1 == self.index.len() { 0 } else { s + 1 };
         }
     }
 
@@ -240,10 +236,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         debug_assert!(set.is_ok(), "a position past len held a key");
         init(self.ring(i));
         self.len.store(i + 1, Release);
-        let slot = self.empty_slot(hash);
-        self.index[slot].store(i as u32, Relaxed);
-        let word = &self.ctrl[slot / 8];
-        word.store(word.load(Relaxed) | tag(hash) << (8 * (slot % 8)), Release);
+        self.index[self.empty_slot(hash)].store(slot(hash, i), Release);
         i
     }
 
@@ -260,26 +253,19 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         self.entries[i].key = OnceLock::from(key);
         init(self.ring(i));
         *self.len.get_mut() = i + 1;
-        let slot = self.empty_slot(hash);
-        *self.index[slot].get_mut() = i as u32;
-        *self.ctrl[slot / 8].get_mut() |= tag(hash) << (8 * (slot % 8));
+        let empty = self.empty_slot(hash);
+        *self.index[empty].get_mut() = slot(hash, i);
         i
     }
 
     /// The first empty index slot from `hash`'s home on, in the order
     /// `find` probes (the index has one: it is larger than the capacity).
     fn empty_slot(&self, hash: u64) -> usize {
-        let home = self.home(hash);
-        let mut w = home / 8;
-        let mut valid = u64::MAX << (8 * (home % 8));
-        loop {
-            let empty = !self.ctrl[w].load(Relaxed) & HI & valid;
-            if empty != 0 {
-                return w * 8 + (empty.trailing_zeros() / 8) as usize;
-            }
-            w = if w + 1 == self.ctrl.len() { 0 } else { w + 1 };
-            valid = u64::MAX;
+        let mut s = self.home(hash);
+        while self.index[s].load(Relaxed) != 0 {
+            s = if s + 1 == self.index.len() { 0 } else { s + 1 };
         }
+        s
     }
 }
 
@@ -349,9 +335,22 @@ mod tests {
                 k as usize
             );
         }
-        assert_eq!(table.index[10].load(Relaxed), 11, "key 11 in slot 10");
+        assert_eq!(
+            table.index[10].load(Relaxed),
+            slot(hash, 11),
+            "key 11 in slot 10"
+        );
         assert_eq!(table.find(hash, &11), Some(11));
         assert_eq!(table.find(hash, &12), None, "the empty slots end it");
+    }
+
+    #[test]
+    fn an_index_slot_holds_the_last_position_and_the_whole_tag() {
+        let hash = u64::MAX;
+        let word = slot(hash, MAX_CAPACITY - 1);
+        assert_eq!(word >> POSITION_BITS, tag(hash));
+        assert_eq!(word & POSITION_MASK, MAX_CAPACITY as u32);
+        assert_ne!(slot(0, 0), 0, "a full slot is never the empty one");
     }
 
     #[test]
