@@ -241,8 +241,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     }
 
     /// [`insert`](Self::insert) into a table no other thread holds yet (one
-    /// a rebuild is filling): the key, the index and the control byte are
-    /// plain writes.
+    /// a rebuild is filling): the key and the index slot are plain writes.
     pub(crate) fn insert_unshared(
         &mut self,
         hash: u64,
@@ -309,7 +308,7 @@ mod tests {
     fn keys_sharing_a_home_and_a_tag_are_told_apart_by_the_key() {
         let g = geometry();
         let table: Table<u64, Wide> = Table::new(16, g.ring_len());
-        // One hash for all: the same home, the same control byte.
+        // One hash for all: the same home, the same tag.
         let hash = 0xF0F0_0000_0000_0003;
         for k in 0..10u64 {
             table.insert(hash, k, |ring| ring.init(&g, 0, &[k]));
