@@ -172,29 +172,24 @@ pub trait FloorWord: Default + Sync {
     fn get(&self) -> u64;
 }
 
-impl FloorWord for AtomicU32 {
-    #[inline]
-    fn bump(&self) -> bool {
-        let old = self.load(SeqCst);
-        self.compare_exchange(old, old + 1, SeqCst, SeqCst).is_ok()
-    }
-    #[inline]
-    fn get(&self) -> u64 {
-        self.load(SeqCst).into()
-    }
+/// The same two operations on either width.
+macro_rules! floor_word {
+    ($($atomic:ty),*) => {$(
+        impl FloorWord for $atomic {
+            #[inline]
+            fn bump(&self) -> bool {
+                let old = self.load(SeqCst);
+                self.compare_exchange(old, old + 1, SeqCst, SeqCst).is_ok()
+            }
+            #[inline]
+            fn get(&self) -> u64 {
+                u64::from(self.load(SeqCst))
+            }
+        }
+    )*};
 }
 
-impl FloorWord for AtomicU64 {
-    #[inline]
-    fn bump(&self) -> bool {
-        let old = self.load(SeqCst);
-        self.compare_exchange(old, old + 1, SeqCst, SeqCst).is_ok()
-    }
-    #[inline]
-    fn get(&self) -> u64 {
-        self.load(SeqCst)
-    }
-}
+floor_word!(AtomicU32, AtomicU64);
 
 impl<W: FloorWord> Floor<W> {
     pub fn new(_: Load) -> Floor<W> {
