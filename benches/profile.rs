@@ -29,29 +29,16 @@ mod limiters;
 mod support;
 
 use governor::clock::FakeRelativeClock;
-use governor::{Quota, RateLimiter};
+use governor::RateLimiter;
 use layers::{inner, Keys};
-use limiters::{Check, Floor};
+use limiters::{Check, Floor, Load, KEYS};
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 use support::Cursor;
 use tower::Layer;
 use tower_sliding_window::clock::{AutoClock, Clock, TokioClock};
 use tower_sliding_window::{Limiter, ManualClock, Policy};
-
-const KEYS: u64 = 100_000;
-
-/// The limit of a workload: a hot key's that no run reaches (wide rings), a
-/// limit of 100k keys' that a 16-bit count holds (compact rings), or 1 an
-/// hour (every check after the first denied; compact).
-#[derive(Clone, Copy)]
-enum Load {
-    Allowed,
-    AllowedCompact,
-    Denied,
-}
 
 /// `keys` keys in the order they were first checked, or in a random order
 /// unrelated to it (`support::Keys::OwnRangeShuffled`, as `paired`).
@@ -66,24 +53,22 @@ fn cursor(keys: u64, random: bool) -> Cursor {
     )
 }
 
-fn ours<C: Clock>(clock: C, load: Load, keys: u64, random: bool, iters: u64) {
-    let policy = match load {
-        Load::Allowed => Policy::per(1_000_000_000, Duration::from_secs(1)),
-        Load::AllowedCompact => Policy::per(65_535, Duration::from_secs(1)),
-        Load::Denied => Policy::per(1, Duration::from_secs(3600)),
-    };
-    let l: Limiter<u64, C> = Limiter::builder(policy.unwrap())
-        .clock(clock)
-        .max_keys(2 * KEYS as usize)
-        .build()
-        .unwrap();
+/// `keys` keys checked once in order, then `iters` checks of them, each
+/// check's whole result kept (`black_box`), so none of it is optimised away.
+fn run<R>(keys: u64, random: bool, iters: u64, check: impl Fn(&u64) -> R) {
     for k in 0..keys {
-        let _ = l.check(&k);
+        check(&k);
     }
     let mut cursor = cursor(keys, random);
     for _ in 0..iters {
-        let _ = black_box(l.check(black_box(&cursor.next_key())));
+        black_box(check(black_box(&cursor.next_key())));
     }
+}
+
+/// Ours as `paired` builds it (`limiters::ours_on`), on `clock`.
+fn ours<C: Clock>(clock: C, load: Load, keys: u64, random: bool, iters: u64) {
+    let l = limiters::ours_on(load, clock);
+    run(keys, random, iters, |k| l.check(k));
 }
 
 /// `rounds` times: 1M keys checked, then dropped in bulk by `evict_idle`.
@@ -104,30 +89,17 @@ fn ours_evict(rounds: u64) {
     }
 }
 
+/// Governor's keyed limiter on its fake clock.
 fn governor(load: Load, keys: u64, random: bool, iters: u64) {
-    let quota = match load {
-        Load::Allowed => Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
-        Load::AllowedCompact => Quota::per_second(NonZeroU32::new(65_535).unwrap()),
-        Load::Denied => Quota::per_hour(NonZeroU32::new(1).unwrap()),
-    };
-    let l = RateLimiter::dashmap_with_clock(quota, FakeRelativeClock::default());
-    for k in 0..keys {
-        let _ = l.check_key(&k);
-    }
-    let mut cursor = cursor(keys, random);
-    for _ in 0..iters {
-        let _ = black_box(l.check_key(black_box(&cursor.next_key())));
-    }
+    let l = RateLimiter::dashmap_with_clock(limiters::quota(load), FakeRelativeClock::default());
+    run(keys, random, iters, |k| l.check_key(k));
 }
 
 /// The floor of `paired` (`limiters::Floor`): a lookup in a map no thread
 /// writes, a read of a window of `W` buckets and one CAS.
 fn floor<W: limiters::FloorWord>(keys: u64, random: bool, iters: u64) {
-    let l = Floor::<W>::new(limiters::Load::Allowed);
-    let mut cursor = cursor(keys, random);
-    for _ in 0..iters {
-        let _ = black_box(l.check(black_box(&cursor.next_key())));
-    }
+    let l = Floor::<W>::new(Load::Allowed);
+    run(keys, random, iters, |k| l.check(k));
 }
 
 /// `iters` requests through `svc`, one after another (as in `benches/layer.rs`).

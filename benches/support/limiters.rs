@@ -89,7 +89,7 @@ pub fn ours_on<C: Clock>(load: Load, clock: C) -> Limiter<u64, C> {
         .unwrap()
 }
 
-fn quota(load: Load) -> Quota {
+pub fn quota(load: Load) -> Quota {
     match load {
         Load::Allowed => Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
         Load::AllowedCompact => Quota::per_second(NonZeroU32::new(65_535).unwrap()),
