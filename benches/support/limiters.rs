@@ -103,11 +103,12 @@ pub fn governor(load: Load) -> DefaultKeyedRateLimiter<u64> {
     RateLimiter::keyed(quota(load))
 }
 
-/// A control: governor on the hasher ours uses (foldhash), its clock unchanged.
+/// A control: governor on the hasher ours uses (foldhash, its quality
+/// variant), its clock unchanged.
 /// Hashing a u64 with SipHash is about half of governor's default check.
 pub fn governor_foldhash(
     load: Load,
-) -> RateLimiter<u64, DashMapStateStore<u64, foldhash::fast::RandomState>, DefaultClock> {
+) -> RateLimiter<u64, DashMapStateStore<u64, foldhash::quality::RandomState>, DefaultClock> {
     RateLimiter::dashmap_with_clock_and_hasher(
         quota(load),
         DefaultClock::default(),
