@@ -92,9 +92,9 @@ const OVERFLOW_MARKS: usize = 1024;
 /// most one window.
 ///
 /// **Memory:** keys live in a few large tables, each key's ring inline, with
-/// no allocation per key: about 94 bytes of heap per tracked u64 key (106
+/// no allocation per key: about 98 bytes of heap per tracked u64 key (107
 /// for an `IpAddr`) with the default 15 buckets and a limit up to 65 535
-/// (90 MiB for 1M keys), twice the bucket bytes for larger limits, and a few
+/// (94 MiB for 1M keys), twice the bucket bytes for larger limits, and a few
 /// KiB for an empty limiter. Tables shrink as their keys are dropped, and go
 /// back to the allocator whole; under glibc's malloc the limiter then asks
 /// for the memory to go back to the system too, so RSS falls after a flood
