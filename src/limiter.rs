@@ -26,7 +26,7 @@ use tokio::time::{Interval, MissedTickBehavior};
 /// packs homes into long runs (2048 consecutive keys in 5120 slots: up to 35
 /// probes a lookup where a random spread takes 1.33); the quality variant's
 /// one more folded multiply breaks it, whatever the seed.
-pub(crate) type Hasher = foldhash::quality::RandomState;
+type Hasher = foldhash::quality::RandomState;
 
 /// [`Hasher`] with a seed of the test's choosing, for the tests of its spread.
 #[cfg(test)]
