@@ -20,7 +20,7 @@ mod support;
 
 use limiters::{
     governor, governor_foldhash, ours, ours_on, run_one, run_parallel, warm, Check, Floor, Load,
-    KEYS,
+    WithWait, KEYS,
 };
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use support::Keys;
@@ -211,6 +211,28 @@ fn single_thread_table<G: Check>(gov_name: &str, gov: fn(Load) -> G, targets: bo
 fn main() {
     // `cargo bench` passes `--bench`; filters are not supported here.
     single_thread_table("governor", governor, true);
+    println!();
+    println!(
+        "Denials with the wait read, as a layer reads it for `Retry-After` (governor's from a \
+         reading of its clock):"
+    );
+    println!();
+    println!(
+        "| workload | ours | governor | ours / governor, median round | 10th–90th pct | target |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, load, keys, _) in SINGLE_THREAD {
+        if let Load::Denied = load {
+            versus(
+                name,
+                load,
+                keys,
+                "",
+                |load| WithWait(ours(load)),
+                |load| WithWait(governor(load)),
+            );
+        }
+    }
     println!();
     println!("The same against governor on foldhash (ours' hasher; its default is SipHash):");
     println!();

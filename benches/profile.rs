@@ -9,7 +9,8 @@
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
 //! `ours-hot-auto` (the default clock), `ours-100k[-compact][-random]` (a
 //! limit of 65 535 a second, compact rings; keys in a random order, as
-//! `paired`), `governor-100k-random`, `floor-100k[-compact][-random]`
+//! `paired`), `governor-100k-random`, `governor-hot-denied-wait` (each
+//! denial's wait read too, as ours has it), `floor-100k[-compact][-random]`
 //! (`paired`'s floor), `layer-{none,ours,governor}[-rejected]`
 //! `layer-{none,ours,governor}-peer-ip`, `layer-{none,ours,governor}-router`,
 //! `layer-ours-one-key` and `layer-ours-tiers` (one key, one policy, in a
@@ -95,6 +96,16 @@ fn governor(load: Load, keys: u64, random: bool, iters: u64) {
     run(keys, random, iters, |k| l.check_key(k));
 }
 
+/// [`governor`], each denial's wait read as well (a layer's `Retry-After`;
+/// ours has it in every decision).
+fn governor_wait(load: Load, keys: u64, random: bool, iters: u64) {
+    let l = RateLimiter::dashmap_with_clock(limiters::quota(load), FakeRelativeClock::default());
+    run(keys, random, iters, |k| {
+        l.check_key(k)
+            .map_err(|not_until| not_until.wait_time_from(governor::clock::Clock::now(l.clock())))
+    });
+}
+
 /// The floor of `paired` (`limiters::Floor`): a lookup in a map no thread
 /// writes, a read of a window of `W` buckets and one CAS.
 fn floor<W: limiters::FloorWord>(keys: u64, random: bool, iters: u64) {
@@ -142,6 +153,7 @@ fn main() {
         "ours-evict" => ours_evict(iters),
         "governor-hot" => governor(Load::Allowed, 1, false, iters),
         "governor-hot-denied" => governor(Load::Denied, 1, false, iters),
+        "governor-hot-denied-wait" => governor_wait(Load::Denied, 1, false, iters),
         "governor-100k" => governor(Load::Allowed, KEYS, false, iters),
         "governor-100k-denied" => governor(Load::Denied, KEYS, false, iters),
         "governor-100k-random" => governor(Load::Allowed, KEYS, true, iters),

@@ -44,6 +44,36 @@ impl<S: BuildHasher + Clone + Send + Sync> Check
     }
 }
 
+/// A contender whose denials also read how long to wait, as a layer must for
+/// `Retry-After`: ours has it in the decision; governor's `NotUntil` works it
+/// out from a reading of governor's clock, as tower_governor does.
+pub struct WithWait<L>(pub L);
+
+impl<C: Clock> Check for WithWait<Limiter<u64, C>> {
+    #[inline]
+    fn check(&self, key: &u64) -> bool {
+        let decision = self.0.check(key);
+        black_box(decision.retry_after());
+        decision.is_allowed()
+    }
+}
+
+impl<S: BuildHasher + Clone + Send + Sync> Check
+    for WithWait<RateLimiter<u64, DashMapStateStore<u64, S>, DefaultClock>>
+{
+    #[inline]
+    fn check(&self, key: &u64) -> bool {
+        match self.0.check_key(key) {
+            Ok(()) => true,
+            Err(not_until) => {
+                let now = governor::clock::Clock::now(self.0.clock());
+                black_box(not_until.wait_time_from(now));
+                false
+            }
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 pub enum Load {
     /// A limit far above the request rate (1e9 per second): every check is
