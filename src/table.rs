@@ -366,7 +366,7 @@ mod tests {
         // every seed, not only most.
         let g = geometry();
         let keys = 4_096u64;
-        for seed in 0..64 {
+        for seed in 1..=64 {
             let hasher = crate::limiter::seeded_hasher(seed);
             let table: Table<u64, Compact> = Table::new(keys as usize, g.ring_len());
             assert_eq!(table.index.len(), 6_144);
