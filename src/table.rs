@@ -172,6 +172,16 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         (((hash & 0xFFFF_FFFF) * self.index.len() as u64) >> 32) as usize
     }
 
+    /// The slot a probe reads after `s`: the next, wrapping round the end.
+    #[inline(always)]
+    fn next_slot(&self, s: usize) -> usize {
+        if s + 1 == self.index.len() {
+            0
+        } else {
+            s + 1
+        }
+    }
+
     /// The position of `key` (of `hash`), if the table holds it (its ring
     /// may be retired).
     #[inline(always)]
@@ -194,7 +204,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
                     return Some(i);
                 }
             }
-            s = if s + 1 == self.index.len() { 0 } else { s + 1 };
+            s = self.next_slot(s);
         }
     }
 
@@ -264,7 +274,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     fn empty_slot(&self, hash: u64) -> usize {
         let mut s = self.home(hash);
         while self.index[s].load(Relaxed) != 0 {
-            s = if s + 1 == self.index.len() { 0 } else { s + 1 };
+            s = self.next_slot(s);
         }
         s
     }
@@ -351,7 +361,7 @@ mod tests {
         let mut s = table.home(hash);
         let mut probes = 1;
         while table.index[s].load(Relaxed) & POSITION_MASK != position as u32 + 1 {
-            s = (s + 1) % table.index.len();
+            s = table.next_slot(s);
             probes += 1;
         }
         probes
