@@ -30,9 +30,12 @@ mod limiters;
 mod support;
 
 use governor::clock::FakeRelativeClock;
+use governor::middleware::NoOpMiddleware;
+use governor::nanos::Nanos;
+use governor::state::keyed::DefaultKeyedStateStore;
 use governor::RateLimiter;
 use layers::{inner, Keys};
-use limiters::{Check, Floor, Load, KEYS};
+use limiters::{Check, Floor, Load, WithWait, KEYS};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
@@ -91,19 +94,23 @@ fn ours_evict(rounds: u64) {
 }
 
 /// Governor's keyed limiter on its fake clock.
+fn governor_on_fake_clock(load: Load) -> GovernorOnFakeClock {
+    RateLimiter::dashmap_with_clock(limiters::quota(load), FakeRelativeClock::default())
+}
+
+type GovernorOnFakeClock =
+    RateLimiter<u64, DefaultKeyedStateStore<u64>, FakeRelativeClock, NoOpMiddleware<Nanos>>;
+
 fn governor(load: Load, keys: u64, random: bool, iters: u64) {
-    let l = RateLimiter::dashmap_with_clock(limiters::quota(load), FakeRelativeClock::default());
+    let l = governor_on_fake_clock(load);
     run(keys, random, iters, |k| l.check_key(k));
 }
 
-/// [`governor`], each denial's wait read as well (a layer's `Retry-After`;
-/// ours has it in every decision).
+/// [`governor`], each denial's wait read as well (`limiters::WithWait`: a
+/// layer's `Retry-After`; ours has it in every decision).
 fn governor_wait(load: Load, keys: u64, random: bool, iters: u64) {
-    let l = RateLimiter::dashmap_with_clock(limiters::quota(load), FakeRelativeClock::default());
-    run(keys, random, iters, |k| {
-        l.check_key(k)
-            .map_err(|not_until| not_until.wait_time_from(governor::clock::Clock::now(l.clock())))
-    });
+    let l = WithWait(governor_on_fake_clock(load));
+    run(keys, random, iters, |k| l.check(k));
 }
 
 /// The floor of `paired` (`limiters::Floor`): a lookup in a map no thread

@@ -7,6 +7,7 @@
 
 use crate::support::{Cursor, Keys};
 use governor::clock::DefaultClock;
+use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::collections::HashMap;
@@ -58,8 +59,12 @@ impl<C: Clock> Check for WithWait<Limiter<u64, C>> {
     }
 }
 
-impl<S: BuildHasher + Clone + Send + Sync> Check
-    for WithWait<RateLimiter<u64, DashMapStateStore<u64, S>, DefaultClock>>
+impl<S, C> Check
+    for WithWait<RateLimiter<u64, DashMapStateStore<u64, S>, C, NoOpMiddleware<C::Instant>>>
+where
+    S: BuildHasher + Clone + Send + Sync,
+    C: governor::clock::Clock + Sync,
+    C::Instant: Sync,
 {
     #[inline]
     fn check(&self, key: &u64) -> bool {
