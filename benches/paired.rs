@@ -189,54 +189,60 @@ const SINGLE_THREAD: [(&str, Load, Keys, &str); 8] = [
     ),
 ];
 
-/// One table of the single-thread workloads against `gov`, headed `gov_name`;
-/// the targets (ratios to governor's default) only where `targets`.
-fn single_thread_table<G: Check>(gov_name: &str, gov: fn(Load) -> G, targets: bool) {
+/// One table of the single-thread workloads whose load `keep` accepts,
+/// `ours` against `gov`, headed `gov_name`; the targets (ratios to
+/// governor's default) only where `targets`.
+fn single_thread_table<O: Check, G: Check>(
+    gov_name: &str,
+    ours: fn(Load) -> O,
+    gov: fn(Load) -> G,
+    keep: fn(Load) -> bool,
+    targets: bool,
+) {
     println!(
         "| workload | ours | {gov_name} | ours / governor, median round | 10th–90th pct | target |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
     for (name, load, keys, target) in SINGLE_THREAD {
-        versus(
-            name,
-            load,
-            keys,
-            if targets { target } else { "" },
-            ours,
-            gov,
-        );
+        if keep(load) {
+            versus(
+                name,
+                load,
+                keys,
+                if targets { target } else { "" },
+                ours,
+                gov,
+            );
+        }
     }
 }
 
 fn main() {
     // `cargo bench` passes `--bench`; filters are not supported here.
-    single_thread_table("governor", governor, true);
+    single_thread_table("governor", ours, governor, |_| true, true);
     println!();
     println!(
         "Denials with the wait read, as a layer reads it for `Retry-After` (governor's from a \
          reading of its clock):"
     );
     println!();
-    println!(
-        "| workload | ours | governor | ours / governor, median round | 10th–90th pct | target |"
+    single_thread_table(
+        "governor",
+        |load| WithWait(ours(load)),
+        |load| WithWait(governor(load)),
+        |load| matches!(load, Load::Denied),
+        false,
     );
-    println!("|---|---:|---:|---:|---:|---:|");
-    for (name, load, keys, _) in SINGLE_THREAD {
-        if let Load::Denied = load {
-            versus(
-                name,
-                load,
-                keys,
-                "",
-                |load| WithWait(ours(load)),
-                |load| WithWait(governor(load)),
-            );
-        }
-    }
     println!();
     println!("The same against governor on foldhash (ours' hasher; its default is SipHash):");
     println!();
-    single_thread_table("governor, foldhash", governor_foldhash, false);
+    single_thread_table(
+        "governor, foldhash",
+        ours,
+        governor_foldhash,
+        |_| true,
+        false,
+    );
     println!();
     println!(
         "The floor: a lookup in a map no thread writes (std HashMap, foldhash), a coarse clock \
