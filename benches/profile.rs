@@ -16,10 +16,16 @@
 //! `layer-ours-one-key` and `layer-ours-tiers` (one key, one policy, in a
 //! layer of policies and as a tier)
 //! (requests through the tower layers, as in `benches/layer.rs`), `nothing`;
+//! `{ours,governor}-100k-new-bucket` (100k keys at 65 535 a second, the
+//! clock moved on a bucket width, 1/16 s, after each pass over them: every
+//! check is its key's first in a new bucket, as for clients that send less
+//! than one request a bucket) and `{ours,governor}-100k-idle` (moved on 2 s,
+//! more than a window: every check finds its key idle);
 //! `ours-evict N`: N times, 1M keys checked then dropped by `evict_idle`
 //! (for `perf record`, where the kernel's share shows).
 //! Ours runs on `ManualClock` and governor on `FakeRelativeClock` (time does not
-//! move), except `ours-hot-tokio`, so the clock's share can be told apart.
+//! move but where said), except `ours-hot-tokio`, so the clock's share can be
+//! told apart.
 
 #[path = "support/layers.rs"]
 mod layers;
@@ -67,6 +73,36 @@ fn run<R>(keys: u64, random: bool, iters: u64, check: impl Fn(&u64) -> R) {
     for _ in 0..iters {
         black_box(check(black_box(&cursor.next_key())));
     }
+}
+
+/// [`run`] over `keys` keys in order, `advance` called after each pass.
+fn run_passes<R>(keys: u64, iters: u64, advance: impl Fn(), check: impl Fn(&u64) -> R) {
+    for k in 0..keys {
+        check(&k);
+    }
+    advance();
+    let mut cursor = cursor(keys, false);
+    for i in 1..=iters {
+        black_box(check(black_box(&cursor.next_key())));
+        if i % keys == 0 {
+            advance();
+        }
+    }
+}
+
+/// Ours at a limit of 65 535 a second (`Load::AllowedCompact`, buckets of
+/// 1/16 s) over 100k keys, the clock moved on by `step` after each pass.
+fn ours_passes(step: Duration, iters: u64) {
+    let clock = ManualClock::new();
+    let l = limiters::ours_on(Load::AllowedCompact, clock.clone());
+    run_passes(KEYS, iters, || clock.advance(step), |k| l.check(k));
+}
+
+/// [`ours_passes`] for governor on its fake clock.
+fn governor_passes(step: Duration, iters: u64) {
+    let l = governor_on_fake_clock(Load::AllowedCompact);
+    let clock = l.clock().clone();
+    run_passes(KEYS, iters, || clock.advance(step), |k| l.check_key(k));
 }
 
 /// Ours as `paired` builds it (`limiters::ours_on`), on `clock`.
@@ -158,6 +194,10 @@ fn main() {
             ours(ManualClock::new(), Load::AllowedCompact, KEYS, true, iters)
         }
         "ours-evict" => ours_evict(iters),
+        "ours-100k-new-bucket" => ours_passes(Duration::from_micros(62_500), iters),
+        "ours-100k-idle" => ours_passes(Duration::from_secs(2), iters),
+        "governor-100k-new-bucket" => governor_passes(Duration::from_micros(62_500), iters),
+        "governor-100k-idle" => governor_passes(Duration::from_secs(2), iters),
         "governor-hot" => governor(Load::Allowed, 1, false, iters),
         "governor-hot-denied" => governor(Load::Denied, 1, false, iters),
         "governor-hot-denied-wait" => governor_wait(Load::Denied, 1, false, iters),
