@@ -54,6 +54,8 @@ pub(crate) trait Line<B>: Send + Sync + Debug + Sized + 'static {
     const WORDS: usize;
     fn new() -> Self;
     fn word(&self, i: usize) -> &B;
+    /// The line's words, in order.
+    fn words(&self) -> &[B];
 }
 
 /// Sixteen compact buckets.
@@ -75,6 +77,10 @@ impl Line<AtomicU32> for Line32 {
     fn word(&self, i: usize) -> &AtomicU32 {
         &self.0[i % Self::WORDS]
     }
+    #[inline(always)]
+    fn words(&self) -> &[AtomicU32] {
+        &self.0
+    }
 }
 
 impl Line<AtomicU64> for Line64 {
@@ -85,6 +91,10 @@ impl Line<AtomicU64> for Line64 {
     #[inline(always)]
     fn word(&self, i: usize) -> &AtomicU64 {
         &self.0[i % Self::WORDS]
+    }
+    #[inline(always)]
+    fn words(&self) -> &[AtomicU64] {
+        &self.0
     }
 }
 

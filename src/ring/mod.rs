@@ -334,6 +334,25 @@ impl<'a, H: Head> Ring<'a, H> {
         self.lines[w / LineOf::<H>::WORDS].word(w % LineOf::<H>::WORDS)
     }
 
+    /// Calls `f` with each of the ring's `len` buckets and its position, in
+    /// order: a line's words at a time, without working out each word's line.
+    #[inline(always)]
+    fn each_word(&self, len: usize, mut f: impl FnMut(usize, &'a H::Bucket)) {
+        let (start, end) = (self.start, self.start + len);
+        let mut w = start;
+        while w < end {
+            let from = w % LineOf::<H>::WORDS;
+            let to = (from + (end - w)).min(LineOf::<H>::WORDS);
+            for (i, bucket) in self.lines[w / LineOf::<H>::WORDS].words()[from..to]
+                .iter()
+                .enumerate()
+            {
+                f(w - start + i, bucket);
+            }
+            w += to - from;
+        }
+    }
+
     /// The bucket of `slot`: the geometry the ring was made with says where.
     #[inline(always)]
     fn bucket(&self, g: &Geometry, slot: u64) -> &'a H::Bucket {
@@ -694,9 +713,9 @@ impl<'a, H: Head> Ring<'a, H> {
         // Swaps, not stores: every write to a cell is then a read-modify-write, so
         // all writes to it are totally ordered also in loom, which orders a plain
         // store racing RMWs only partially and would report false over-admissions.
-        for p in 0..g.ring_len() {
-            self.word(p).swap(pack::<H::Bucket>(g.stale_tag(s, p), 0));
-        }
+        self.each_word(g.ring_len(), |p, bucket| {
+            bucket.swap(pack::<H::Bucket>(g.stale_tag(s, p), 0));
+        });
         self.head.set(s, Some(0));
         Some(s)
     }
@@ -754,8 +773,7 @@ impl<'a, H: Head> Ring<'a, H> {
     /// Step 3: sum the buckets of slots `s-N ..= s`, normalising old tags.
     fn scan(&self, g: &Geometry, s: u64) -> Scan {
         let mut scan = Scan::default();
-        for p in 0..g.ring_len() {
-            let bucket = self.word(p);
+        self.each_word(g.ring_len(), |p, bucket| {
             let cell = bucket.load();
             let a = age::<H::Bucket>(s, cell);
             if a < 0 {
@@ -773,16 +791,16 @@ impl<'a, H: Head> Ring<'a, H> {
             } else {
                 self.renew_if_aged(g, s, p, cell);
             }
-        }
+        });
         scan
     }
 
     /// Rewrite every bucket at least `normalize_age` behind `s` to a fresh
     /// stale tag (it counts nothing either way).
     fn normalize(&self, g: &Geometry, s: u64) {
-        for p in 0..g.ring_len() {
-            self.renew_if_aged(g, s, p, self.word(p).load());
-        }
+        self.each_word(g.ring_len(), |p, bucket| {
+            self.renew_if_aged(g, s, p, bucket.load());
+        });
     }
 
     /// Rewrite the bucket at position `p`, read as `cell`, to a fresh stale
@@ -806,14 +824,14 @@ impl<'a, H: Head> Ring<'a, H> {
         // below it). Unsigned, a newer tag's negative age is at least twice
         // that, so this also catches newer tags.
         let mut ages = 0u64;
-        for p in 0..g.ring_len() {
-            let cell = self.word(p).load();
+        self.each_word(g.ring_len(), |_, bucket| {
+            let cell = bucket.load();
             let a = age_bits::<H::Bucket>(s, cell);
             ages |= a;
             let c = count::<H::Bucket>(cell);
             used += if a <= g.n { c } else { 0 };
             current += if a == 0 { c } else { 0 };
-        }
+        });
         (ages < normalize_age::<H::Bucket>()).then_some((used, current))
     }
 
@@ -882,14 +900,14 @@ impl<'a, H: Head> Ring<'a, H> {
     /// The units at each age `0..=N` relative to slot `s` (index = age), read in
     /// one pass over the ring into `counts` (zeroed, one entry per bucket).
     fn read_counts(&self, g: &Geometry, s: u64, counts: &mut [u64]) {
-        for p in 0..g.ring_len() {
-            let cell = self.word(p).load();
+        self.each_word(g.ring_len(), |_, bucket| {
+            let cell = bucket.load();
             // Unsigned, a newer tag's negative age is out of range too.
             let a = age_bits::<H::Bucket>(s, cell) as usize;
             if let Some(c) = counts.get_mut(a) {
                 *c = count::<H::Bucket>(cell);
             }
-        }
+        });
     }
 
     /// [`read_counts`](Self::read_counts) for a denial: no allocation for rings
@@ -1134,6 +1152,34 @@ mod tests {
     }
 
     const MS: u64 = 1_000_000;
+
+    fn each_word_visits_the_words_of_word_p_in_order<H: Head>() {
+        // Rings that fill a line, share one, and run across lines, at starts
+        // inside a line and on its edge.
+        let lines = lines_for::<H>(80);
+        let head = H::new(0, None);
+        for len in [1, 3, 8, 15, 16, 17, 32, 33] {
+            for start in [0, 1, 5, 8, 15, 16, 31, 40] {
+                let ring = Ring::new(&head, &lines, start);
+                let mut seen = Vec::new();
+                ring.each_word(len, |p, bucket| seen.push((p, bucket as *const H::Bucket)));
+                let expected: Vec<_> = (0..len)
+                    .map(|p| (p, ring.word(p) as *const H::Bucket))
+                    .collect();
+                assert_eq!(seen, expected, "{len} words from {start}");
+            }
+        }
+    }
+
+    #[test]
+    fn each_word_visits_the_words_of_word_p_in_order_compact() {
+        each_word_visits_the_words_of_word_p_in_order::<Compact>();
+    }
+
+    #[test]
+    fn each_word_visits_the_words_of_word_p_in_order_wide() {
+        each_word_visits_the_words_of_word_p_in_order::<Wide>();
+    }
 
     for_both_layouts!(
         a_seeded_ring_decides_as_the_ring_whose_checks_recorded_its_counts,
