@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use crate::support::{Cursor, Keys};
-use governor::clock::DefaultClock;
+use governor::clock::{DefaultClock, FakeRelativeClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 use tower_sliding_window::clock::{Clock, CoarseClock, TokioClock};
-use tower_sliding_window::{Limiter, Policy};
+use tower_sliding_window::{Limiter, ManualClock, Policy};
 
 /// Keys in the round-robin workloads.
 pub const KEYS: u64 = 100_000;
@@ -35,9 +35,13 @@ impl<C: Clock> Check for Limiter<u64, C> {
 }
 
 /// Governor's keyed limiter on any hasher: its default (std's SipHash,
-/// `DefaultKeyedRateLimiter`) or ours (foldhash, [`governor_foldhash`]).
-impl<S: BuildHasher + Clone + Send + Sync> Check
-    for RateLimiter<u64, DashMapStateStore<u64, S>, DefaultClock>
+/// `DefaultKeyedRateLimiter`) or ours (foldhash, [`governor_foldhash`]); on
+/// any clock (its default, or the fake one of [`Passes`]).
+impl<S, C> Check for RateLimiter<u64, DashMapStateStore<u64, S>, C, NoOpMiddleware<C::Instant>>
+where
+    S: BuildHasher + Clone + Send + Sync,
+    C: governor::clock::Clock + Sync,
+    C::Instant: Sync,
 {
     #[inline]
     fn check(&self, key: &u64) -> bool {
@@ -76,6 +80,66 @@ where
                 false
             }
         }
+    }
+}
+
+/// A contender on a fake clock that moves on one bucket width of
+/// [`Load::AllowedCompact`] (1/16 s) after every [`KEYS`] checks: over 100k
+/// keys checked round-robin, every check is its key's first in a new bucket,
+/// as for clients that send less than a request a bucket. The count is this
+/// thread's (a load and a store, no locked instruction): one thread only.
+pub struct Passes<L> {
+    limiter: L,
+    advance: Box<dyn Fn() + Sync>,
+    left: AtomicU64,
+}
+
+/// The bucket width of [`Load::AllowedCompact`]'s policy (1 s in 16).
+const PASS_STEP: Duration = Duration::from_micros(62_500);
+
+impl<L: Check> Check for Passes<L> {
+    #[inline]
+    fn check(&self, key: &u64) -> bool {
+        let left = self.left.load(Relaxed);
+        if left == 0 {
+            (self.advance)();
+            self.left.store(KEYS - 1, Relaxed);
+        } else {
+            self.left.store(left - 1, Relaxed);
+        }
+        self.limiter.check(key)
+    }
+}
+
+/// Ours on a `ManualClock` moved on a bucket width every pass ([`Passes`]).
+pub fn ours_passes(load: Load) -> Passes<Limiter<u64, ManualClock>> {
+    let clock = ManualClock::new();
+    let limiter = ours_on(load, clock.clone());
+    Passes {
+        limiter,
+        advance: Box::new(move || clock.advance(PASS_STEP)),
+        left: AtomicU64::new(KEYS),
+    }
+}
+
+/// Governor (std's hasher) on its `FakeRelativeClock`, moved on as
+/// [`ours_passes`]'s.
+pub fn governor_passes(
+    load: Load,
+) -> Passes<
+    RateLimiter<
+        u64,
+        DashMapStateStore<u64>,
+        FakeRelativeClock,
+        NoOpMiddleware<governor::nanos::Nanos>,
+    >,
+> {
+    let clock = FakeRelativeClock::default();
+    let limiter = RateLimiter::dashmap_with_clock(quota(load), clock.clone());
+    Passes {
+        limiter,
+        advance: Box::new(move || clock.advance(PASS_STEP)),
+        left: AtomicU64::new(KEYS),
     }
 }
 
