@@ -824,13 +824,17 @@ impl<'a, H: Head> Ring<'a, H> {
         // below it). Unsigned, a newer tag's negative age is at least twice
         // that, so this also catches newer tags.
         let mut ages = 0u64;
+        let n = g.n;
         self.each_word(g.ring_len(), |_, bucket| {
             let cell = bucket.load();
             let a = age_bits::<H::Bucket>(s, cell);
             ages |= a;
             let c = count::<H::Bucket>(cell);
-            used += if a <= g.n { c } else { 0 };
-            current += if a == 0 { c } else { 0 };
+            // Masks, not branches: which buckets count follows no pattern a
+            // branch predictor learns. Ages are below 2^32: all ones when
+            // `a <= n` (`a == 0`), by the sign of `a - (n + 1)` (`a - 1`).
+            used += c & (a.wrapping_sub(n + 1) as i64 >> 63) as u64;
+            current += c & (a.wrapping_sub(1) as i64 >> 63) as u64;
         });
         (ages < normalize_age::<H::Bucket>()).then_some((used, current))
     }
