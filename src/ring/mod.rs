@@ -482,7 +482,7 @@ impl<'a, H: Head> Ring<'a, H> {
             if self.moved_on(s) {
                 return None;
             }
-            return Some(self.denied_strict(g, s, now, cost, used - cost as u64));
+            return Some(self.denied_strict(g, s, now, cost, used - cost as u64, current));
         }
         // `current + cost <= limit`, which every layout's count holds.
         bucket
@@ -522,7 +522,13 @@ impl<'a, H: Head> Ring<'a, H> {
                         return Some(admitted_strict(g, used, s, now, cost));
                     }
                     self.take_back(g, s, cost);
-                    return Some(self.denied_strict(g, s, now, cost, used - cost as u64));
+                    // Others' units at `s`: the count the add left, less this
+                    // check's, as `used` counted them.
+                    let current = count::<H::Bucket>(cell) - cost as u64;
+                    let used = used - cost as u64;
+                    // Out of line, as all of this loop: the walk covers the
+                    // common denial's case too.
+                    return Some(self.denied_strict_walk(g, s, now, cost, used, current));
                 }
             }
             let scan = self.scan(g, s);
@@ -974,11 +980,49 @@ impl<'a, H: Head> Ring<'a, H> {
     }
 
     /// [`denied`](Self::denied) for strict mode, given the `used` units others hold
-    /// in the span: walk from the oldest bucket only until enough units have expired
-    /// (usually one or two buckets), and from the youngest until one holds units.
-    #[inline(never)]
-    fn denied_strict(&self, g: &Geometry, s: u64, now: u64, cost: u32, used: u64) -> Decision {
+    /// in the span, `current` of them at slot `s` (as `used` counted them). The
+    /// common denial, a burst in this slot, inline: a denied check then costs
+    /// about as much as an allowed one. Else [`denied_strict_walk`](Self::denied_strict_walk).
+    #[inline(always)]
+    fn denied_strict(
+        &self,
+        g: &Geometry,
+        s: u64,
+        now: u64,
+        cost: u32,
+        used: u64,
+        current: u64,
+    ) -> Decision {
         let need = used.saturating_sub((g.limit - cost) as u64);
+        // Units of age N leave the span first, when slot s + 1 begins; the units of
+        // age N - k when slot s + k + 1 does; those of age 0 last, when the span
+        // has moved a whole ring on. When the older units cannot free enough (a
+        // burst in this slot, the common denial), that is the answer without
+        // reading them, and the span drains at the same time.
+        let older = used.saturating_sub(current);
+        if current > 0 && older < need {
+            let drained = g.drained_after(s, now);
+            return denial_strict(g, s, used, drained.max(1), drained);
+        }
+        self.denied_strict_walk(g, s, now, cost, used, current)
+    }
+
+    /// [`denied_strict`](Self::denied_strict) when the older units may free
+    /// enough, or this slot holds none: walk from the oldest bucket only until
+    /// enough units have expired (usually one or two buckets), and from the
+    /// youngest until one holds units.
+    #[inline(never)]
+    fn denied_strict_walk(
+        &self,
+        g: &Geometry,
+        s: u64,
+        now: u64,
+        cost: u32,
+        used: u64,
+        current: u64,
+    ) -> Decision {
+        let need = used.saturating_sub((g.limit - cost) as u64);
+        let older = used.saturating_sub(current);
         let len = g.ring_len();
         let at_s = g.position(s);
         // The units recorded at slot `s - a`: its bucket lies `a` positions before
@@ -993,13 +1037,8 @@ impl<'a, H: Head> Ring<'a, H> {
                 0
             }
         };
-        // Units of age N leave the span first, when slot s + 1 begins; the units of
-        // age N - k when slot s + k + 1 does; those of age 0 last, when the span
-        // has moved a whole ring on. When the older units cannot free enough (a
-        // burst in this slot), that is the answer without reading them; else read
-        // from the oldest age until enough leave (under steady traffic, one read).
-        let current = units_of_age(0);
-        let older = used.saturating_sub(current);
+        // Read from the oldest age until enough leave (under steady traffic,
+        // one read).
         let mut fits_at = s + g.len;
         if older >= need {
             let mut freed = 0;
@@ -1017,17 +1056,23 @@ impl<'a, H: Head> Ring<'a, H> {
         } else {
             (1..len).find(|&a| units_of_age(a) > 0).map(|a| a as u64)
         };
-        Decision {
-            outcome: Outcome::Denied,
-            limit: g.limit,
-            remaining: (g.limit as u64).saturating_sub(used) as u32,
-            retry_after_ns: g.until_slot(fits_at, now).max(1),
-            reset_ns: youngest.map_or(0, |a| g.drained_after(s - a.min(s), now)),
-            slot: s,
-            cost: 0,
-            overflow: false,
-            unchecked: false,
-        }
+        let reset = youngest.map_or(0, |a| g.drained_after(s - a.min(s), now));
+        denial_strict(g, s, used, g.until_slot(fits_at, now).max(1), reset)
+    }
+}
+
+/// A strict denial at slot `s` with `used` units in the span.
+fn denial_strict(g: &Geometry, s: u64, used: u64, retry_after_ns: u64, reset_ns: u64) -> Decision {
+    Decision {
+        outcome: Outcome::Denied,
+        limit: g.limit,
+        remaining: (g.limit as u64).saturating_sub(used) as u32,
+        retry_after_ns,
+        reset_ns,
+        slot: s,
+        cost: 0,
+        overflow: false,
+        unchecked: false,
     }
 }
 
