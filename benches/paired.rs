@@ -20,9 +20,10 @@ mod support;
 
 use limiters::{
     governor, governor_foldhash, governor_passes, ours, ours_on, ours_passes, run_one,
-    run_parallel, warm, Check, Floor, Load, WithWait, KEYS,
+    run_one_dependent, run_parallel, warm, Check, Floor, Load, WithWait, KEYS,
 };
 use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::time::Duration;
 use support::Keys;
 use tower_sliding_window::ManualClock;
 
@@ -89,6 +90,29 @@ fn versus<O: Check, G: Check>(
     println!(
         "| {name} | {ours_ns:.1} ns | {gov_ns:.1} ns | {ratio:.2}× | {lo:.2}–{hi:.2} | {target} |"
     );
+}
+
+/// [`versus`] with each check waiting for the one before it
+/// ([`run_one_dependent`]).
+fn versus_one_at_a_time<O: Check, G: Check>(
+    name: &str,
+    load: Load,
+    keys: Keys,
+    ours: fn(Load) -> O,
+    gov: fn(Load) -> G,
+) {
+    let (o, g) = (ours(load), gov(load));
+    warm(&o, keys, 1);
+    warm(&g, keys, 1);
+    let time = |l: &dyn Fn(u64) -> Duration| l(CHUNK).as_nanos() as f64 / CHUNK as f64;
+    let pairs = rounds(
+        || time(&|n| run_one_dependent(&o, keys, n)),
+        || time(&|n| run_one_dependent(&g, keys, n)),
+    );
+    let (ours_ns, ..) = spread(pairs.iter().map(|p| p.0).collect());
+    let (gov_ns, ..) = spread(pairs.iter().map(|p| p.1).collect());
+    let (ratio, lo, hi) = spread(pairs.iter().map(|p| p.0 / p.1).collect());
+    println!("| {name} | {ours_ns:.1} ns | {gov_ns:.1} ns | {ratio:.2}× | {lo:.2}–{hi:.2} | |");
 }
 
 /// Throughput of `threads` threads on `many` keys against one thread on `one`,
@@ -261,6 +285,45 @@ fn main() {
             "",
             ours_passes,
             governor_passes,
+        );
+    }
+    println!();
+    println!(
+        "One check at a time: each check's key depends on the previous check's result, so no \
+         check starts before the one before it has ended, as a server's checks come with a \
+         request's work between them (in the rows above the processor overlaps several \
+         checks' lookups, and a shorter check overlaps more). Compact rings (65 535 a second):"
+    );
+    println!();
+    println!(
+        "| workload | first | second | first / second, median round | 10th–90th pct | target |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (keys, order) in [
+        (Keys::OwnRange(KEYS), "100k keys"),
+        (Keys::OwnRangeShuffled(KEYS), "100k keys in random order"),
+    ] {
+        let load = Load::AllowedCompact;
+        versus_one_at_a_time(
+            &format!("{order}: ours, governor"),
+            load,
+            keys,
+            ours,
+            governor,
+        );
+        versus_one_at_a_time(
+            &format!("{order}: floor, governor"),
+            load,
+            keys,
+            Floor::<AtomicU32>::new,
+            governor,
+        );
+        versus_one_at_a_time(
+            &format!("{order}: ours, floor"),
+            load,
+            keys,
+            ours,
+            Floor::<AtomicU32>::new,
         );
     }
     println!();
