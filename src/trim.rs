@@ -40,14 +40,20 @@ pub(crate) fn given_up(bytes: usize) {
 /// If at least `at_least` bytes were given up since the last trim, ask the
 /// allocator to return free memory to the system. True if it trimmed.
 pub(crate) fn trim_if(at_least: usize) -> bool {
-    // Start the count over only when this call trims, so that a count other
-    // threads add meanwhile is never lost.
-    let due = GIVEN_UP.fetch_update(Relaxed, Relaxed, |n| (n >= at_least).then_some(0));
-    if due.is_err() {
+    if !take_if(&GIVEN_UP, at_least) {
         return false;
     }
     release_free_memory();
     true
+}
+
+/// If `count` holds at least `at_least`, start it over at 0: true if this
+/// call did. Only a call that trims starts the count over, so that a count
+/// other threads add meanwhile is never lost.
+fn take_if(count: &AtomicUsize, at_least: usize) -> bool {
+    count
+        .fetch_update(Relaxed, Relaxed, |n| (n >= at_least).then_some(0))
+        .is_ok()
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -83,10 +89,16 @@ pub(crate) mod tests {
 
     #[test]
     fn a_trim_waits_until_enough_was_given_up_and_then_starts_over() {
-        // Other tests give up memory too (the counter is the process's), so
-        // only what this test alone decides is asserted.
-        given_up(usize::MAX / 4);
-        assert!(trim_if(usize::MAX / 4));
-        assert!(!trim_if(usize::MAX / 4), "the count started over");
+        // On a count of its own: the process's is shared with every test
+        // that drops a limiter, any of which may trim (and start it over)
+        // between this test's steps.
+        let count = AtomicUsize::new(0);
+        count.fetch_add(TRIM_AFTER_ROUND - 1, Relaxed);
+        assert!(!take_if(&count, TRIM_AFTER_ROUND), "not enough yet");
+        assert_eq!(count.load(Relaxed), TRIM_AFTER_ROUND - 1, "nothing lost");
+        count.fetch_add(1, Relaxed);
+        assert!(take_if(&count, TRIM_AFTER_ROUND));
+        assert!(!take_if(&count, TRIM_AFTER_ROUND), "the count started over");
+        assert_eq!(count.load(Relaxed), 0);
     }
 }
