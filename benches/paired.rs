@@ -32,14 +32,34 @@ const ROUNDS: usize = 41;
 /// 100k keys, so the caches a chunk starts with matter little.
 const CHUNK: u64 = 400_000;
 
+/// How one thread runs a chunk's checks.
+#[derive(Clone, Copy)]
+enum Timing {
+    /// One after another, the processor free to overlap them (`run_one`).
+    BackToBack,
+    /// Each waiting for the one before it (`run_one_dependent`).
+    OneAtATime,
+}
+
 /// One chunk: the wall time per check on each thread.
 fn chunk<L: Check>(l: &L, threads: u64, keys: Keys) -> f64 {
-    let time = if threads == 1 {
-        run_one(l, keys, CHUNK)
+    if threads == 1 {
+        chunk_one(l, keys, Timing::BackToBack)
     } else {
-        run_parallel(l, threads, keys, CHUNK)
-    };
-    time.as_nanos() as f64 / CHUNK as f64
+        per_check(run_parallel(l, threads, keys, CHUNK))
+    }
+}
+
+/// One chunk on this thread, timed as `timing` says: the time per check.
+fn chunk_one<L: Check>(l: &L, keys: Keys, timing: Timing) -> f64 {
+    per_check(match timing {
+        Timing::BackToBack => run_one(l, keys, CHUNK),
+        Timing::OneAtATime => run_one_dependent(l, keys, CHUNK),
+    })
+}
+
+fn per_check(chunk: Duration) -> f64 {
+    chunk.as_nanos() as f64 / CHUNK as f64
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -80,39 +100,32 @@ fn versus<O: Check, G: Check>(
     ours: fn(Load) -> O,
     gov: fn(Load) -> G,
 ) {
+    versus_timed(name, load, keys, target, ours, gov, Timing::BackToBack);
+}
+
+/// [`versus`], each chunk timed as `timing` says.
+fn versus_timed<O: Check, G: Check>(
+    name: &str,
+    load: Load,
+    keys: Keys,
+    target: &str,
+    ours: fn(Load) -> O,
+    gov: fn(Load) -> G,
+    timing: Timing,
+) {
     let (o, g) = (ours(load), gov(load));
     warm(&o, keys, 1);
     warm(&g, keys, 1);
-    let pairs = rounds(|| chunk(&o, 1, keys), || chunk(&g, 1, keys));
+    let pairs = rounds(
+        || chunk_one(&o, keys, timing),
+        || chunk_one(&g, keys, timing),
+    );
     let (ours_ns, ..) = spread(pairs.iter().map(|p| p.0).collect());
     let (gov_ns, ..) = spread(pairs.iter().map(|p| p.1).collect());
     let (ratio, lo, hi) = spread(pairs.iter().map(|p| p.0 / p.1).collect());
     println!(
         "| {name} | {ours_ns:.1} ns | {gov_ns:.1} ns | {ratio:.2}× | {lo:.2}–{hi:.2} | {target} |"
     );
-}
-
-/// [`versus`] with each check waiting for the one before it
-/// ([`run_one_dependent`]).
-fn versus_one_at_a_time<O: Check, G: Check>(
-    name: &str,
-    load: Load,
-    keys: Keys,
-    ours: fn(Load) -> O,
-    gov: fn(Load) -> G,
-) {
-    let (o, g) = (ours(load), gov(load));
-    warm(&o, keys, 1);
-    warm(&g, keys, 1);
-    let time = |l: &dyn Fn(u64) -> Duration| l(CHUNK).as_nanos() as f64 / CHUNK as f64;
-    let pairs = rounds(
-        || time(&|n| run_one_dependent(&o, keys, n)),
-        || time(&|n| run_one_dependent(&g, keys, n)),
-    );
-    let (ours_ns, ..) = spread(pairs.iter().map(|p| p.0).collect());
-    let (gov_ns, ..) = spread(pairs.iter().map(|p| p.1).collect());
-    let (ratio, lo, hi) = spread(pairs.iter().map(|p| p.0 / p.1).collect());
-    println!("| {name} | {ours_ns:.1} ns | {gov_ns:.1} ns | {ratio:.2}× | {lo:.2}–{hi:.2} | |");
 }
 
 /// Throughput of `threads` threads on `many` keys against one thread on `one`,
@@ -304,27 +317,27 @@ fn main() {
         (Keys::OwnRangeShuffled(KEYS), "100k keys in random order"),
     ] {
         let load = Load::AllowedCompact;
-        versus_one_at_a_time(
-            &format!("{order}: ours, governor"),
+        let (floor, timing) = (Floor::<AtomicU32>::new, Timing::OneAtATime);
+        let row = |contenders: &str| format!("{order}: {contenders}");
+        versus_timed(
+            &row("ours, governor"),
             load,
             keys,
+            "",
             ours,
             governor,
+            timing,
         );
-        versus_one_at_a_time(
-            &format!("{order}: floor, governor"),
+        versus_timed(
+            &row("floor, governor"),
             load,
             keys,
-            Floor::<AtomicU32>::new,
+            "",
+            floor,
             governor,
+            timing,
         );
-        versus_one_at_a_time(
-            &format!("{order}: ours, floor"),
-            load,
-            keys,
-            ours,
-            Floor::<AtomicU32>::new,
-        );
+        versus_timed(&row("ours, floor"), load, keys, "", ours, floor, timing);
     }
     println!();
     println!("The same against governor on foldhash (ours' hasher; its default is SipHash):");

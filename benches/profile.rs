@@ -36,12 +36,10 @@ mod limiters;
 mod support;
 
 use governor::clock::FakeRelativeClock;
-use governor::middleware::NoOpMiddleware;
-use governor::nanos::Nanos;
-use governor::state::keyed::DefaultKeyedStateStore;
 use governor::RateLimiter;
 use layers::{inner, Keys};
-use limiters::{Check, Floor, Load, WithWait, KEYS};
+use limiters::{Check, Floor, Governor, Load, WithWait, KEYS};
+use std::hash::RandomState;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
@@ -130,12 +128,9 @@ fn ours_evict(rounds: u64) {
 }
 
 /// Governor's keyed limiter on its fake clock.
-fn governor_on_fake_clock(load: Load) -> GovernorOnFakeClock {
+fn governor_on_fake_clock(load: Load) -> Governor<RandomState, FakeRelativeClock> {
     RateLimiter::dashmap_with_clock(limiters::quota(load), FakeRelativeClock::default())
 }
-
-type GovernorOnFakeClock =
-    RateLimiter<u64, DefaultKeyedStateStore<u64>, FakeRelativeClock, NoOpMiddleware<Nanos>>;
 
 fn governor(load: Load, keys: u64, random: bool, iters: u64) {
     let l = governor_on_fake_clock(load);

@@ -34,10 +34,19 @@ impl<C: Clock> Check for Limiter<u64, C> {
     }
 }
 
+/// Governor's keyed limiter on u64 keys, the hasher `S` and the clock `C`,
+/// without middleware.
+pub type Governor<S, C> = RateLimiter<
+    u64,
+    DashMapStateStore<u64, S>,
+    C,
+    NoOpMiddleware<<C as governor::clock::Clock>::Instant>,
+>;
+
 /// Governor's keyed limiter on any hasher: its default (std's SipHash,
 /// `DefaultKeyedRateLimiter`) or ours (foldhash, [`governor_foldhash`]); on
 /// any clock (its default, or the fake one of [`Passes`]).
-impl<S, C> Check for RateLimiter<u64, DashMapStateStore<u64, S>, C, NoOpMiddleware<C::Instant>>
+impl<S, C> Check for Governor<S, C>
 where
     S: BuildHasher + Clone + Send + Sync,
     C: governor::clock::Clock + Sync,
@@ -63,8 +72,7 @@ impl<C: Clock> Check for WithWait<Limiter<u64, C>> {
     }
 }
 
-impl<S, C> Check
-    for WithWait<RateLimiter<u64, DashMapStateStore<u64, S>, C, NoOpMiddleware<C::Instant>>>
+impl<S, C> Check for WithWait<Governor<S, C>>
 where
     S: BuildHasher + Clone + Send + Sync,
     C: governor::clock::Clock + Sync,
@@ -124,16 +132,7 @@ pub fn ours_passes(load: Load) -> Passes<Limiter<u64, ManualClock>> {
 
 /// Governor (std's hasher) on its `FakeRelativeClock`, moved on as
 /// [`ours_passes`]'s.
-pub fn governor_passes(
-    load: Load,
-) -> Passes<
-    RateLimiter<
-        u64,
-        DashMapStateStore<u64>,
-        FakeRelativeClock,
-        NoOpMiddleware<governor::nanos::Nanos>,
-    >,
-> {
+pub fn governor_passes(load: Load) -> Passes<Governor<std::hash::RandomState, FakeRelativeClock>> {
     let clock = FakeRelativeClock::default();
     let limiter = RateLimiter::dashmap_with_clock(quota(load), clock.clone());
     Passes {
@@ -205,9 +204,7 @@ pub fn governor(load: Load) -> DefaultKeyedRateLimiter<u64> {
 /// A control: governor on the hasher ours uses (foldhash, its quality
 /// variant), its clock unchanged.
 /// Hashing a u64 with SipHash is about half of governor's default check.
-pub fn governor_foldhash(
-    load: Load,
-) -> RateLimiter<u64, DashMapStateStore<u64, foldhash::quality::RandomState>, DefaultClock> {
+pub fn governor_foldhash(load: Load) -> Governor<foldhash::quality::RandomState, DefaultClock> {
     RateLimiter::dashmap_with_clock_and_hasher(
         quota(load),
         DefaultClock::default(),
