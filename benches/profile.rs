@@ -35,11 +35,8 @@ mod limiters;
 #[allow(dead_code)]
 mod support;
 
-use governor::clock::FakeRelativeClock;
-use governor::RateLimiter;
 use layers::{inner, Keys};
-use limiters::{Check, Floor, Governor, Load, WithWait, KEYS};
-use std::hash::RandomState;
+use limiters::{governor_on_fake_clock, Check, Floor, Load, Passes, WithWait, KEYS, PASS_STEP};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
@@ -73,34 +70,13 @@ fn run<R>(keys: u64, random: bool, iters: u64, check: impl Fn(&u64) -> R) {
     }
 }
 
-/// [`run`] over `keys` keys in order, `advance` called after each pass.
-fn run_passes<R>(keys: u64, iters: u64, advance: impl Fn(), check: impl Fn(&u64) -> R) {
-    for k in 0..keys {
-        check(&k);
-    }
-    advance();
-    let mut cursor = cursor(keys, false);
-    for i in 1..=iters {
-        black_box(check(black_box(&cursor.next_key())));
-        if i % keys == 0 {
-            advance();
-        }
-    }
-}
+/// A step longer than a window: every check of `passes` finds its key idle.
+const IDLE_STEP: Duration = Duration::from_secs(2);
 
-/// Ours at a limit of 65 535 a second (`Load::AllowedCompact`, buckets of
-/// 1/16 s) over 100k keys, the clock moved on by `step` after each pass.
-fn ours_passes(step: Duration, iters: u64) {
-    let clock = ManualClock::new();
-    let l = limiters::ours_on(Load::AllowedCompact, clock.clone());
-    run_passes(KEYS, iters, || clock.advance(step), |k| l.check(k));
-}
-
-/// [`ours_passes`] for governor on its fake clock.
-fn governor_passes(step: Duration, iters: u64) {
-    let l = governor_on_fake_clock(Load::AllowedCompact);
-    let clock = l.clock().clone();
-    run_passes(KEYS, iters, || clock.advance(step), |k| l.check_key(k));
+/// `iters` checks of 100k keys in order through `l` (`limiters::Passes`: its
+/// fake clock moves on after each pass).
+fn passes<L: Check>(l: Passes<L>, iters: u64) {
+    run(KEYS, false, iters, |k| l.check(k));
 }
 
 /// Ours as `paired` builds it (`limiters::ours_on`), on `clock`.
@@ -125,11 +101,6 @@ fn ours_evict(rounds: u64) {
         clock.advance(Duration::from_secs(2));
         assert_eq!(black_box(l.evict_idle()), 1_000_000);
     }
-}
-
-/// Governor's keyed limiter on its fake clock.
-fn governor_on_fake_clock(load: Load) -> Governor<RandomState, FakeRelativeClock> {
-    RateLimiter::dashmap_with_clock(limiters::quota(load), FakeRelativeClock::default())
 }
 
 fn governor(load: Load, keys: u64, random: bool, iters: u64) {
@@ -170,6 +141,7 @@ fn main() {
         .get(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(1_000_000);
+    let compact = Load::AllowedCompact;
     match workload {
         "ours-hot" => ours(ManualClock::new(), Load::Allowed, 1, false, iters),
         "ours-hot-denied" => ours(ManualClock::new(), Load::Denied, 1, false, iters),
@@ -189,10 +161,12 @@ fn main() {
             ours(ManualClock::new(), Load::AllowedCompact, KEYS, true, iters)
         }
         "ours-evict" => ours_evict(iters),
-        "ours-100k-new-bucket" => ours_passes(Duration::from_micros(62_500), iters),
-        "ours-100k-idle" => ours_passes(Duration::from_secs(2), iters),
-        "governor-100k-new-bucket" => governor_passes(Duration::from_micros(62_500), iters),
-        "governor-100k-idle" => governor_passes(Duration::from_secs(2), iters),
+        "ours-100k-new-bucket" => passes(limiters::ours_passes_by(compact, PASS_STEP), iters),
+        "ours-100k-idle" => passes(limiters::ours_passes_by(compact, IDLE_STEP), iters),
+        "governor-100k-new-bucket" => {
+            passes(limiters::governor_passes_by(compact, PASS_STEP), iters)
+        }
+        "governor-100k-idle" => passes(limiters::governor_passes_by(compact, IDLE_STEP), iters),
         "governor-hot" => governor(Load::Allowed, 1, false, iters),
         "governor-hot-denied" => governor(Load::Denied, 1, false, iters),
         "governor-hot-denied-wait" => governor_wait(Load::Denied, 1, false, iters),

@@ -11,7 +11,7 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, RandomState};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -91,11 +91,12 @@ where
     }
 }
 
-/// A contender on a fake clock that moves on one bucket width of
-/// [`Load::AllowedCompact`] (1/16 s) after every [`KEYS`] checks: over 100k
-/// keys checked round-robin, every check is its key's first in a new bucket,
-/// as for clients that send less than a request a bucket. The count is this
-/// thread's (a load and a store, no locked instruction): one thread only.
+/// A contender on a fake clock that moves on `step` after every [`KEYS`]
+/// checks. Over 100k keys checked round-robin, a step of one bucket width
+/// ([`PASS_STEP`]) makes every check its key's first in a new bucket, as for
+/// clients that send less than a request a bucket; a step longer than a
+/// window, a check of a key idle since its last. The count is this thread's
+/// (a load and a store, no locked instruction): one thread only.
 pub struct Passes<L> {
     limiter: L,
     advance: Box<dyn Fn() + Sync>,
@@ -103,7 +104,7 @@ pub struct Passes<L> {
 }
 
 /// The bucket width of [`Load::AllowedCompact`]'s policy (1 s in 16).
-const PASS_STEP: Duration = Duration::from_micros(62_500);
+pub const PASS_STEP: Duration = Duration::from_micros(62_500);
 
 impl<L: Check> Check for Passes<L> {
     #[inline]
@@ -119,27 +120,47 @@ impl<L: Check> Check for Passes<L> {
     }
 }
 
-/// Ours on a `ManualClock` moved on a bucket width every pass ([`Passes`]).
-pub fn ours_passes(load: Load) -> Passes<Limiter<u64, ManualClock>> {
-    let clock = ManualClock::new();
-    let limiter = ours_on(load, clock.clone());
-    Passes {
-        limiter,
-        advance: Box::new(move || clock.advance(PASS_STEP)),
-        left: AtomicU64::new(KEYS),
+impl<L> Passes<L> {
+    fn new(limiter: L, advance: impl Fn() + Sync + 'static) -> Passes<L> {
+        Passes {
+            limiter,
+            advance: Box::new(advance),
+            left: AtomicU64::new(KEYS),
+        }
     }
 }
 
-/// Governor (std's hasher) on its `FakeRelativeClock`, moved on as
-/// [`ours_passes`]'s.
-pub fn governor_passes(load: Load) -> Passes<Governor<std::hash::RandomState, FakeRelativeClock>> {
-    let clock = FakeRelativeClock::default();
-    let limiter = RateLimiter::dashmap_with_clock(quota(load), clock.clone());
-    Passes {
-        limiter,
-        advance: Box::new(move || clock.advance(PASS_STEP)),
-        left: AtomicU64::new(KEYS),
-    }
+/// Ours on a `ManualClock` moved on a bucket width every pass ([`Passes`]).
+pub fn ours_passes(load: Load) -> Passes<Limiter<u64, ManualClock>> {
+    ours_passes_by(load, PASS_STEP)
+}
+
+/// Ours on a `ManualClock` moved on `step` every pass.
+pub fn ours_passes_by(load: Load, step: Duration) -> Passes<Limiter<u64, ManualClock>> {
+    let clock = ManualClock::new();
+    let limiter = ours_on(load, clock.clone());
+    Passes::new(limiter, move || clock.advance(step))
+}
+
+/// Governor on its fake clock, moved on as [`ours_passes`]'s.
+pub fn governor_passes(load: Load) -> Passes<Governor<RandomState, FakeRelativeClock>> {
+    governor_passes_by(load, PASS_STEP)
+}
+
+/// [`governor_on_fake_clock`] moved on `step` every pass.
+pub fn governor_passes_by(
+    load: Load,
+    step: Duration,
+) -> Passes<Governor<RandomState, FakeRelativeClock>> {
+    let limiter = governor_on_fake_clock(load);
+    let clock = limiter.clock().clone();
+    Passes::new(limiter, move || clock.advance(step))
+}
+
+/// Governor's keyed limiter (std's hasher) on its `FakeRelativeClock`, which
+/// moves only when told.
+pub fn governor_on_fake_clock(load: Load) -> Governor<RandomState, FakeRelativeClock> {
+    RateLimiter::dashmap_with_clock(quota(load), FakeRelativeClock::default())
 }
 
 #[derive(Clone, Copy)]
