@@ -732,8 +732,8 @@ impl<'a, H: Head> Ring<'a, H> {
     /// the base unknown, and old tags are normalised here, so that every
     /// advance leaves no tag of the ring older than `normalize_age` + N.
     fn publish_base(&self, g: &Geometry, s: u64) {
-        let older = match self.sum(g, s) {
-            Some((used, current)) => Some(used - current),
+        let older = match self.sum(g, s, 1) {
+            Some(older) => Some(older),
             None => {
                 self.normalize(g, s);
                 None
@@ -753,7 +753,7 @@ impl<'a, H: Head> Ring<'a, H> {
                 return Some(base + current);
             }
         }
-        self.sum(g, s).map(|(used, _)| used)
+        self.sum(g, s, 0)
     }
 
     /// Step 2: add `cost` to slot `s`'s bucket.
@@ -819,30 +819,29 @@ impl<'a, H: Head> Ring<'a, H> {
         }
     }
 
-    /// The units at ages `0..=N` and, of those, at age 0; `None` when some bucket
-    /// is newer than `s` or old enough to need normalising (then the full
-    /// [`scan`](Self::scan) handles it). Branch-light.
+    /// The units at ages `from..=N` (`from` 0, the whole span, or 1, its
+    /// older buckets); `None` when some bucket is newer than `s` or old
+    /// enough to need normalising (then the full [`scan`](Self::scan)
+    /// handles it). Branch-light.
     #[inline]
-    fn sum(&self, g: &Geometry, s: u64) -> Option<(u64, u64)> {
+    fn sum(&self, g: &Geometry, s: u64, from: u64) -> Option<u64> {
         let mut used = 0u64;
-        let mut current = 0u64;
         // OR of all ages: below `normalize_age` exactly when every age is (N is
         // below it). Unsigned, a newer tag's negative age is at least twice
         // that, so this also catches newer tags.
         let mut ages = 0u64;
-        let n = g.n;
+        let ages_counted = g.n + 1 - from;
         self.each_word(g.ring_len(), |_, bucket| {
             let cell = bucket.load();
             let a = age_bits::<H::Bucket>(s, cell);
             ages |= a;
-            let c = count::<H::Bucket>(cell);
-            // Masks, not branches: which buckets count follows no pattern a
-            // branch predictor learns. Ages are below 2^32: all ones when
-            // `a <= n` (`a == 0`), by the sign of `a - (n + 1)` (`a - 1`).
-            used += c & (a.wrapping_sub(n + 1) as i64 >> 63) as u64;
-            current += c & (a.wrapping_sub(1) as i64 >> 63) as u64;
+            // A mask, not a branch: which buckets count follows no pattern a
+            // branch predictor learns. All ones when `from <= a <= N` (below
+            // `from`, `a - from` wraps round to the top of the range).
+            let counted = u64::from(a.wrapping_sub(from) < ages_counted).wrapping_neg();
+            used += count::<H::Bucket>(cell) & counted;
         });
-        (ages < normalize_age::<H::Bucket>()).then_some((used, current))
+        (ages < normalize_age::<H::Bucket>()).then_some(used)
     }
 
     /// Step 4: whether the head has left slot `s` (advanced, or a reset or a
