@@ -732,13 +732,10 @@ impl<'a, H: Head> Ring<'a, H> {
     /// the base unknown, and old tags are normalised here, so that every
     /// advance leaves no tag of the ring older than `normalize_age` + N.
     fn publish_base(&self, g: &Geometry, s: u64) {
-        let older = match self.sum(g, s, 1) {
-            Some(older) => Some(older),
-            None => {
-                self.normalize(g, s);
-                None
-            }
-        };
+        let older = self.sum(g, s, 1);
+        if older.is_none() {
+            self.normalize(g, s);
+        }
         self.head.publish_base(s, older);
     }
 
