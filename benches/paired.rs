@@ -13,6 +13,8 @@
 //! clock, governor's keyed limiter on its own; u64 keys. Each on its default
 //! hasher (ours foldhash, governor std's SipHash), and a second table repeats
 //! the single-thread rows against governor on foldhash, the same hasher.
+//! Last, the machine's own reads at random by working-set size, which tell
+//! how much of each contender's tables at 100k keys it keeps close.
 
 #[path = "support/limiters.rs"]
 mod limiters;
@@ -22,8 +24,9 @@ use limiters::{
     governor, governor_foldhash, governor_passes, ours, ours_on, ours_passes, run_one,
     run_one_dependent, run_parallel, warm, Check, Floor, Load, WithWait, KEYS,
 };
+use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, AtomicU64};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::Keys;
 use tower_sliding_window::ManualClock;
 
@@ -406,4 +409,44 @@ fn main() {
         Keys::OwnRangeShuffled(KEYS / 2),
         "",
     );
+    println!();
+    random_reads_table();
+}
+
+/// The machine's memory as a check at 100k keys meets it: the time of one
+/// read at random in working sets of several sizes, each read's address
+/// taken from the one before (no overlap), median of 5. Where the time
+/// jumps is how much the fastest levels hold: a contender whose tables at
+/// 100k keys fit below it reads them at that level's speed.
+fn random_reads_table() {
+    println!(
+        "Reads at random, each waiting for the one before, in a working set of each size \
+         (how much this machine keeps close; at 100k keys ours' tables take about 10 MiB \
+         with compact rings and 17 MiB with wide ones, governor's about 2 MiB):"
+    );
+    println!();
+    println!("| working set | one read, median of 5 | 10th–90th pct |");
+    println!("|---:|---:|---:|");
+    for mib in [1, 2, 4, 8, 16, 64] {
+        let lines = mib * 1024 * 1024 / 64;
+        // One cycle through every line in a random order: each line holds
+        // the index of the next.
+        let order = support::shuffled(lines, mib);
+        let mut next = vec![[0u64; 8]; lines as usize];
+        for (w, &line) in order.iter().enumerate() {
+            next[line as usize][0] = order[(w + 1) % order.len()];
+        }
+        let read = |reads: u64| {
+            let mut p = 0;
+            let start = Instant::now();
+            for _ in 0..reads {
+                p = next[p as usize][0];
+            }
+            black_box(p);
+            start.elapsed().as_nanos() as f64 / reads as f64
+        };
+        read(lines);
+        let (median, low, high) = spread((0..5).map(|_| read(1_000_000)).collect());
+        println!("| {mib} MiB | {median:.0} ns | {low:.0}–{high:.0} |");
+    }
 }

@@ -58,7 +58,7 @@ impl Cursor {
 }
 
 /// `0..n` in a random order fixed by `seed` (Fisher-Yates on xorshift64).
-fn shuffled(n: u64, seed: u64) -> Vec<u64> {
+pub fn shuffled(n: u64, seed: u64) -> Vec<u64> {
     let mut order: Vec<u64> = (0..n).collect();
     let mut x = 0x9E37_79B9_7F4A_7C15 ^ seed;
     for i in (1..order.len()).rev() {
