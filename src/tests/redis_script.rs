@@ -271,17 +271,27 @@ async fn a_fire_and_forget_undo_leaves_no_denial_in_the_deny_cache() {
     // check may reach Redis before the undo does, and be denied then.
     Store::undo(&s, &"k", &first);
     let raced = s.check_n(&"k", 1).await.unwrap();
-    // Bounded wait until Redis has applied the undo (the slot no longer holds 2).
-    let mut applied = false;
+    // Bounded wait until the undo has run to its end here: Redis has applied
+    // it (the slot no longer holds 2) and its reply has come back, whereupon
+    // the store drops a denial of the key cached meanwhile (Redis may apply
+    // the undo a moment before this instance hears of it, and until then a
+    // cached denial stands: the safe side). `raced`'s denial, if it was
+    // cached, is then gone, and none of a check sent before the undo ended
+    // may be cached after it: the cache is empty.
+    let mut done = false;
     for _ in 0..400 {
         let v: Option<String> = conn.hget(&key, &field).await.unwrap();
-        if v.as_deref() != Some("2") {
-            applied = true;
+        if v.as_deref() != Some("2") && s.stats().deny_cache_len == 0 {
+            done = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(applied, "the undo reached Redis");
+    assert!(
+        done,
+        "the undo reached Redis, and its reply left no denial cached: raced {raced:?}, stats {:?}",
+        s.stats()
+    );
     // The units are back in Redis: at most one unit (`raced`) is counted, so
     // one more fits. This instance's own undo must not leave it denied locally.
     let after = s.check_n(&"k", 1).await.unwrap();
