@@ -56,6 +56,40 @@ pub(crate) trait Line<B>: Send + Sync + Debug + Sized + 'static {
     fn word(&self, i: usize) -> &B;
     /// The line's words, in order.
     fn words(&self) -> &[B];
+    /// Over the line's words: the counts of those whose age behind slot `s`
+    /// ([`age_bits`]) lies in `from ..= from + counted - 1`, and the OR of
+    /// every word's age (what `Ring::sum` takes from a ring of whole lines).
+    /// The words are loaded as the word-by-word sum loads them, in order,
+    /// then summed in their own width: for a compact line the compiler does
+    /// that in vector registers, and a key's first check in a new bucket
+    /// runs about 70 instructions (a tenth) shorter than word by word.
+    fn sum_ages(&self, s: u64, from: u64, counted: u64) -> (u64, u64);
+}
+
+/// [`Line::sum_ages`] for a line of `$word`s. The sum of a line's counts
+/// fits the word (16 of 16 bits, 8 of 32), and so does `counted` (at most
+/// `Policy::MAX_BUCKETS` + 1).
+macro_rules! sum_ages {
+    ($line:expr, $word:ty, $bucket:ty, $s:expr, $from:expr, $counted:expr) => {{
+        let cells: [$word; Self::WORDS] = std::array::from_fn(|i| $line.0[i].load(SeqCst));
+        let tag_mask: $word = <$word>::MAX >> (<$word>::BITS - <$bucket as Bucket>::TAG_BITS);
+        let count_mask: $word = count_max::<$bucket>() as $word;
+        let (s, from, counted) = ($s as $word, $from as $word, $counted as $word);
+        let (mut used, mut ages): ($word, $word) = (0, 0);
+        for cell in cells {
+            let a = s.wrapping_sub(cell >> <$bucket as Bucket>::COUNT_BITS) & tag_mask;
+            ages |= a;
+            // A mask, not a branch (which words count follows no pattern a
+            // branch predictor learns): all ones when `from <= a < from +
+            // counted`. `a` and `counted` lie far below the word's top bit,
+            // so `x`'s top bit is set only if `a < from` (it wrapped), and
+            // that of `x - counted` only if `x < counted`.
+            let x = a.wrapping_sub(from);
+            let counts = (x.wrapping_sub(counted) & !x) >> (<$word>::BITS - 1);
+            used += cell & count_mask & counts.wrapping_neg();
+        }
+        (used as u64, ages as u64)
+    }};
 }
 
 /// Sixteen compact buckets.
@@ -81,6 +115,10 @@ impl Line<AtomicU32> for Line32 {
     fn words(&self) -> &[AtomicU32] {
         &self.0
     }
+    #[inline(always)]
+    fn sum_ages(&self, s: u64, from: u64, counted: u64) -> (u64, u64) {
+        sum_ages!(self, u32, AtomicU32, s, from, counted)
+    }
 }
 
 impl Line<AtomicU64> for Line64 {
@@ -95,6 +133,10 @@ impl Line<AtomicU64> for Line64 {
     #[inline(always)]
     fn words(&self) -> &[AtomicU64] {
         &self.0
+    }
+    #[inline(always)]
+    fn sum_ages(&self, s: u64, from: u64, counted: u64) -> (u64, u64) {
+        sum_ages!(self, u64, AtomicU64, s, from, counted)
     }
 }
 
@@ -410,6 +452,62 @@ mod tests {
         assert_eq!(count::<B>(cell), 9);
         assert_eq!(age::<B>((1 << 32) + 4, cell), 7);
         assert_eq!(age::<B>((1 << 32) - 5, cell), -2);
+    }
+
+    /// `Line::sum_ages` as `Ring::sum` defines it word by word.
+    fn sum_word_by_word<B: Bucket>(cells: &[u64], s: u64, from: u64, counted: u64) -> (u64, u64) {
+        cells.iter().fold((0, 0), |(used, ages), &cell| {
+            let a = age_bits::<B>(s, cell);
+            let counts = a.wrapping_sub(from) < counted;
+            (used + if counts { count::<B>(cell) } else { 0 }, ages | a)
+        })
+    }
+
+    fn a_line_sums_as_its_words_one_by_one<B: Bucket>(line: &B::Line) {
+        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = move || {
+            // splitmix64: a fixed sequence, so a failure repeats.
+            seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let z = (seed ^ (seed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        for _ in 0..20_000 {
+            // Slots anywhere, near the tags' wrap-around too; tags mostly
+            // within a window behind, some newer, some long stale.
+            let s = next() >> (next() % 64);
+            let n = [1, 2, 7, 15, 63, 4096][(next() % 6) as usize];
+            let from = next() % 2;
+            let cells: Vec<u64> = (0..B::Line::WORDS)
+                .map(|_| {
+                    let back = match next() % 8 {
+                        0 => next(),
+                        1 => (next() % 4).wrapping_neg(),
+                        _ => next() % (n + 2),
+                    };
+                    pack::<B>(s.wrapping_sub(back), next() & count_max::<B>())
+                })
+                .collect();
+            for (i, &cell) in cells.iter().enumerate() {
+                line.word(i).swap(cell);
+            }
+            let counted = n + 1 - from;
+            assert_eq!(
+                line.sum_ages(s, from, counted),
+                sum_word_by_word::<B>(&cells, s, from, counted),
+                "slot {s}, N {n}, from {from}, cells {cells:x?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_compact_line_sums_as_its_words_one_by_one() {
+        a_line_sums_as_its_words_one_by_one::<AtomicU32>(&Line32::new());
+    }
+
+    #[test]
+    fn a_wide_line_sums_as_its_words_one_by_one() {
+        a_line_sums_as_its_words_one_by_one::<AtomicU64>(&Line64::new());
     }
 
     #[test]

@@ -828,7 +828,18 @@ impl<'a, H: Head> Ring<'a, H> {
         // that, so this also catches newer tags.
         let mut ages = 0u64;
         let ages_counted = g.n + 1 - from;
-        self.each_word(g.ring_len(), |_, bucket| {
+        let (len, words) = (g.ring_len(), LineOf::<H>::WORDS);
+        if self.start % words == 0 && len % words == 0 {
+            // A ring of whole lines (as the default 15 buckets make), a line
+            // at a time.
+            for line in &self.lines[self.start / words..][..len / words] {
+                let (line_used, line_ages) = line.sum_ages(s, from, ages_counted);
+                used += line_used;
+                ages |= line_ages;
+            }
+            return (ages < normalize_age::<H::Bucket>()).then_some(used);
+        }
+        self.each_word(len, |_, bucket| {
             let cell = bucket.load();
             let a = age_bits::<H::Bucket>(s, cell);
             ages |= a;
