@@ -19,7 +19,8 @@
 //! `{ours,governor}-100k-new-bucket` (100k keys at 65 535 a second, the
 //! clock moved on a bucket width, 1/16 s, after each pass over them: every
 //! check is its key's first in a new bucket, as for clients that send less
-//! than one request a bucket) and `{ours,governor}-100k-idle` (moved on 2 s,
+//! than one request a bucket), `ours-100k-wide-new-bucket` (the same at
+//! 1e9 a second, wide rings) and `{ours,governor}-100k-idle` (moved on 2 s,
 //! more than a window: every check finds its key idle);
 //! `ours-evict N`: N times, 1M keys checked then dropped by `evict_idle`
 //! (for `perf record`, where the kernel's share shows).
@@ -162,6 +163,9 @@ fn main() {
         }
         "ours-evict" => ours_evict(iters),
         "ours-100k-new-bucket" => passes(limiters::ours_passes_by(compact, PASS_STEP), iters),
+        "ours-100k-wide-new-bucket" => {
+            passes(limiters::ours_passes_by(Load::Allowed, PASS_STEP), iters)
+        }
         "ours-100k-idle" => passes(limiters::ours_passes_by(compact, IDLE_STEP), iters),
         "governor-100k-new-bucket" => {
             passes(limiters::governor_passes_by(compact, PASS_STEP), iters)
