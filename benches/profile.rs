@@ -7,7 +7,9 @@
 //! ```
 //!
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
-//! `ours-hot-auto` (the default clock), `ours-100k[-compact][-random]` (a
+//! `ours-hot-auto` (the default clock), `ours-hot-interpolated[-compact]`
+//! (`Precision::Interpolated`, wide rings or compact),
+//! `ours-100k[-compact][-random]` (a
 //! limit of 65 535 a second, compact rings; keys in a random order, as
 //! `paired`), `governor-100k-random`, `governor-hot-denied-wait` (each
 //! denial's wait read too, as ours has it), `floor-100k[-compact][-random]`
@@ -44,7 +46,7 @@ use std::time::Duration;
 use support::Cursor;
 use tower::Layer;
 use tower_sliding_window::clock::{AutoClock, Clock, TokioClock};
-use tower_sliding_window::{Limiter, ManualClock, Policy};
+use tower_sliding_window::{Limiter, ManualClock, Policy, Precision};
 
 /// `keys` keys in the order they were first checked, or in a random order
 /// unrelated to it (`support::Keys::OwnRangeShuffled`, as `paired`).
@@ -84,6 +86,22 @@ fn passes<L: Check>(l: Passes<L>, iters: u64) {
 fn ours<C: Clock>(clock: C, load: Load, keys: u64, random: bool, iters: u64) {
     let l = limiters::ours_on(load, clock);
     run(keys, random, iters, |k| l.check(k));
+}
+
+/// Ours on one hot key with `Precision::Interpolated`, at `limit` a second
+/// (1e9: wide rings; 65 535: compact).
+fn ours_interpolated(limit: u32, iters: u64) {
+    let policy = Policy::builder()
+        .limit(limit)
+        .window(Duration::from_secs(1))
+        .precision(Precision::Interpolated)
+        .build()
+        .unwrap();
+    let l = Limiter::builder(policy)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    run(1, false, iters, |k| l.check(k));
 }
 
 /// `rounds` times: 1M keys checked, then dropped in bulk by `evict_idle`.
@@ -154,6 +172,8 @@ fn main() {
             false,
             iters,
         ),
+        "ours-hot-interpolated" => ours_interpolated(1_000_000_000, iters),
+        "ours-hot-interpolated-compact" => ours_interpolated(65_535, iters),
         "ours-100k" => ours(ManualClock::new(), Load::Allowed, KEYS, false, iters),
         "ours-100k-compact" => ours(ManualClock::new(), Load::AllowedCompact, KEYS, false, iters),
         "ours-100k-denied" => ours(ManualClock::new(), Load::Denied, KEYS, false, iters),
