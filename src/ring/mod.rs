@@ -837,18 +837,18 @@ impl<'a, H: Head> Ring<'a, H> {
                 used += line_used;
                 ages |= line_ages;
             }
-            return (ages < normalize_age::<H::Bucket>()).then_some(used);
+        } else {
+            self.each_word(len, |_, bucket| {
+                let cell = bucket.load();
+                let a = age_bits::<H::Bucket>(s, cell);
+                ages |= a;
+                // A mask, not a branch: which buckets count follows no pattern
+                // a branch predictor learns. All ones when `from <= a <= N`
+                // (below `from`, `a - from` wraps round to the top of the range).
+                let counted = u64::from(a.wrapping_sub(from) < ages_counted).wrapping_neg();
+                used += count::<H::Bucket>(cell) & counted;
+            });
         }
-        self.each_word(len, |_, bucket| {
-            let cell = bucket.load();
-            let a = age_bits::<H::Bucket>(s, cell);
-            ages |= a;
-            // A mask, not a branch: which buckets count follows no pattern a
-            // branch predictor learns. All ones when `from <= a <= N` (below
-            // `from`, `a - from` wraps round to the top of the range).
-            let counted = u64::from(a.wrapping_sub(from) < ages_counted).wrapping_neg();
-            used += count::<H::Bucket>(cell) & counted;
-        });
         (ages < normalize_age::<H::Bucket>()).then_some(used)
     }
 
