@@ -227,6 +227,18 @@ struct Scan {
     newer: bool,
 }
 
+/// What [`Ring::at_newest`] read.
+struct AtNewest<'a, B> {
+    /// The newest slot, where `now` lies.
+    s: u64,
+    /// The units at ages `1..=N` from `s`.
+    base: u64,
+    /// The bucket of `s`, loaded as `cell`, holding `current` units for `s`.
+    bucket: &'a B,
+    cell: u64,
+    current: u64,
+}
+
 enum Add {
     /// Added; the bucket's new value.
     Added(u64),
@@ -464,15 +476,10 @@ impl<'a, H: Head> Ring<'a, H> {
         if g.precision != Precision::Strict || cost == 0 {
             return None;
         }
-        let raw = self.head.load();
-        let s = H::newest(raw);
-        if s & FLAGS != 0 || !g.not_after(now, s) {
-            return None;
-        }
-        let base = self.head.base(raw)?;
-        let bucket = self.bucket(g, s);
-        let cell = bucket.load();
-        let current = units_at::<H::Bucket>(s, cell)?;
+        let at = self.at_newest(g, now)?;
+        let AtNewest {
+            s, base, current, ..
+        } = at;
         // The base is fixed once published, so the span's count after the add
         // is known before it: base + the value the CAS writes.
         let used = base + current + cost as u64;
@@ -485,19 +492,168 @@ impl<'a, H: Head> Ring<'a, H> {
             return Some(self.denied_strict(g, s, now, cost, used - cost as u64, current));
         }
         // `current + cost <= limit`, which every layout's count holds.
-        bucket
-            .compare_exchange(cell, pack::<H::Bucket>(s, current + cost as u64))
-            .ok()?;
-        order_write_before_reads();
-        if self.moved_on(s) {
-            self.take_back(g, s, cost);
-            return None;
-        }
-        Some(admitted_strict(g, used, s, now, cost))
+        self.count_at_newest(g, &at, cost)
+            .then(|| admitted_strict(g, used, s, now, cost))
     }
 
+    /// The reads [`admit_at_newest`](Self::admit_at_newest) decides from:
+    /// the head's newest slot `s` when `now` lies in it and the head carries
+    /// no flag, its base, and `s`'s bucket as loaded, with the units it holds
+    /// for `s`.
+    #[inline(always)]
+    fn at_newest(&self, g: &Geometry, now: u64) -> Option<AtNewest<'a, H::Bucket>> {
+        let raw = self.head.load();
+        let s = H::newest(raw);
+        if s & FLAGS != 0 || !g.not_after(now, s) {
+            return None;
+        }
+        let base = self.head.base(raw)?;
+        let bucket = self.bucket(g, s);
+        let cell = bucket.load();
+        let current = units_at::<H::Bucket>(s, cell)?;
+        Some(AtNewest {
+            s,
+            base,
+            bucket,
+            cell,
+            current,
+        })
+    }
+
+    /// Count `cost` at the newest slot, from the reads in `at`: one CAS of
+    /// its bucket, then step 4. False (nothing counted) when the bucket
+    /// changed since its load or the head has moved on.
+    #[inline(always)]
+    fn count_at_newest(&self, g: &Geometry, at: &AtNewest<'a, H::Bucket>, cost: u32) -> bool {
+        // The caller has bounded `current + cost` by the bucket's count.
+        if at
+            .bucket
+            .compare_exchange(at.cell, pack::<H::Bucket>(at.s, at.current + cost as u64))
+            .is_err()
+        {
+            return false;
+        }
+        order_write_before_reads();
+        if self.moved_on(at.s) {
+            self.take_back(g, at.s, cost);
+            return false;
+        }
+        true
+    }
+
+    /// [`admit_at_newest`](Self::admit_at_newest) in interpolated mode: the
+    /// same reads and one more, the oldest bucket, whose units the base
+    /// counts in full and the estimate weighs by the part of that bucket
+    /// still inside the window. The decision is the one the full protocol
+    /// makes from its scan of the ring, which this check does not read.
+    ///
+    /// A check that read the head at slot `s - N` and adds to the oldest
+    /// bucket only now (stalled for most of a window) is counted in that
+    /// bucket, not in the base, until it sees the head moved on and takes
+    /// its units back (which forgets the base): a check in between weighs
+    /// units the base never counted, and may admit up to that stalled cost
+    /// more than the estimate allows. The full scan would count them in both.
+    #[inline(always)]
+    fn admit_at_newest_interpolated(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
+        let at = &self.at_newest(g, now)?;
+        let s = at.s;
+        // Slot `s - N` lives where `s + 1` will (a ring holds N + 1 slots);
+        // before slot N it would precede slot 0, and holds no units.
+        let cell = self.bucket(g, s + 1).load();
+        let oldest = if s >= g.n && age_bits::<H::Bucket>(s - g.n, cell) == 0 {
+            count::<H::Bucket>(cell)
+        } else {
+            0
+        };
+        // The estimate is `used - oldest * elapsed / w` (see `weighted`): it
+        // fits when `used - limit` is at most the whole units of the oldest
+        // bucket that have left the window.
+        let used = at.base + at.current + cost as u64;
+        let room = g.limit as u64 + oldest_left(g, s, now, oldest);
+        if used > room {
+            if self.moved_on(s) {
+                return None;
+            }
+            return Some(self.denied_interpolated(g, now, cost, at, oldest));
+        }
+        // Within the limit, as the base counts the oldest bucket in full;
+        // the full protocol denies a count past the bucket's range.
+        if at.current + cost as u64 > count_max::<H::Bucket>() {
+            return None;
+        }
+        if !self.count_at_newest(g, at, cost) {
+            return None;
+        }
+        // As `allowed` reports it, this check's units the youngest.
+        Some(Decision {
+            outcome: Outcome::Allowed,
+            limit: g.limit,
+            remaining: (room - used) as u32,
+            retry_after_ns: 0,
+            reset_ns: g.drained_after(s, now),
+            slot: s,
+            cost,
+            overflow: false,
+            unchecked: false,
+        })
+    }
+
+    /// [`denied`](Self::denied) for interpolated mode, from the reads in `at`
+    /// and the `oldest` bucket's units. The common denial inline: a key over
+    /// its limit in this slot, where the oldest bucket's units alone free
+    /// enough as their weight falls, so the cost fits within slot `s`. Else
+    /// the walk of `denied`.
+    #[inline(always)]
+    fn denied_interpolated(
+        &self,
+        g: &Geometry,
+        now: u64,
+        cost: u32,
+        at: &AtNewest<'a, H::Bucket>,
+        oldest: u64,
+    ) -> Decision {
+        let (s, used) = (at.s, at.base + at.current);
+        let target = (g.limit as u64).saturating_sub(cost as u64);
+        if at.current == 0 || oldest == 0 || cost > g.limit || used - oldest > target {
+            return self.denied(g, s, now, cost);
+        }
+        // The cost fits once `used - oldest * elapsed / w <= target`: after
+        // `excess / oldest` of slot `s`, at most its whole width.
+        let w = g.width;
+        let excess = used - target;
+        let into = match excess.checked_mul(w) {
+            Some(weight) => weight.div_ceil(oldest),
+            None => (excess as u128 * w as u128).div_ceil(oldest as u128) as u64,
+        };
+        let room = g.limit as u64 + oldest_left(g, s, now, oldest);
+        Decision {
+            outcome: Outcome::Denied,
+            limit: g.limit,
+            remaining: room.saturating_sub(used) as u32,
+            retry_after_ns: (s * w + into).saturating_sub(now).max(1),
+            reset_ns: g.drained_after(s, now),
+            slot: s,
+            cost: 0,
+            overflow: false,
+            unchecked: false,
+        }
+    }
+
+    /// Every check that [`admit_at_newest`](Self::admit_at_newest) leaves:
+    /// interpolated mode's common check, then the full protocol.
     #[inline(never)]
     fn try_acquire_slow(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
+        if g.precision == Precision::Interpolated && cost > 0 {
+            if let Some(decision) = self.admit_at_newest_interpolated(g, now, cost) {
+                return Some(decision);
+            }
+        }
+        self.try_acquire_full(g, now, cost)
+    }
+
+    /// The full protocol, steps 1-5 with every case, until an attempt decides.
+    #[inline(always)]
+    fn try_acquire_full(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
         for _ in 0..MAX_ATTEMPTS {
             let Some(s) = self.enter(g, now) else {
                 if self.is_retired() {
@@ -1123,6 +1279,19 @@ fn weighted(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> u128 {
     }
 }
 
+/// The whole units of `oldest`, the count of slot `s - N`, that have left the
+/// window at `now` (in slot `s`): the part of the oldest bucket the
+/// interpolated estimate no longer counts, rounded down as `weighted` is.
+#[inline(always)]
+fn oldest_left(g: &Geometry, s: u64, now: u64, oldest: u64) -> u64 {
+    let w = g.width;
+    let elapsed = now.saturating_sub(s * w).min(w);
+    match oldest.checked_mul(elapsed) {
+        Some(weight) => weight / w,
+        None => (oldest as u128 * elapsed as u128 / w as u128) as u64,
+    }
+}
+
 fn fits(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> bool {
     weighted(g, scan, s, now, extra) <= g.limit as u128 * g.width as u128
 }
@@ -1253,6 +1422,7 @@ mod tests {
         denials_write_nothing_and_undo_still_frees_room,
         peek_does_not_consume,
         interpolated_weights_the_oldest_bucket_by_overlap,
+        interpolated_checks_at_the_newest_slot_decide_as_the_full_scan,
         strict_never_counts_more_than_limit_in_any_window_on_a_dense_trace,
         a_check_taken_back_after_newest_moved_on_leaves_no_stale_base,
         a_revived_ring_starts_afresh_and_a_stale_check_cannot_use_it,
@@ -1552,6 +1722,73 @@ mod tests {
         assert!(ring.acquire(&g, 1050 * MS, 5).is_allowed());
     }
 
+    /// The interpolated check that decides from the base and the oldest
+    /// bucket (`admit_at_newest_interpolated`) decides as the full protocol,
+    /// which scans the ring (`try_acquire_full`): every field of every
+    /// decision, on random traces of costs, gaps and undos, two rings side by
+    /// side.
+    fn interpolated_checks_at_the_newest_slot_decide_as_the_full_scan<H: Head>() {
+        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+        let mut next = move || {
+            // splitmix64: a fixed sequence, so a failure repeats.
+            seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let z = (seed ^ (seed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let (mut fast_allowed, mut fast_denied) = (0, 0);
+        for _ in 0..400 {
+            let n = [1, 2, 3, 7, 15, 31][(next() % 6) as usize];
+            let limit = [1, 2, 5, 10, 100][(next() % 5) as usize];
+            let g = geometry(limit, n as u64 * 10, n, Precision::Interpolated);
+            let (width, len) = (g.width(), g.ring_len() as u64);
+            let (fast, full) = (OwnedRing::<H>::new(&g, 0), OwnedRing::<H>::new(&g, 0));
+            let (fast, full) = (fast.ring(), full.ring());
+            let mut now = 0;
+            let mut admitted: Vec<Decision> = Vec::new();
+            for step in 0..300 {
+                now += match next() % 8 {
+                    0..=2 => 0,
+                    3..=5 => next() % width,
+                    6 => next() % (width * len),
+                    _ => next() % (width * (len + 3)),
+                };
+                if next() % 16 == 0 && !admitted.is_empty() {
+                    // Undo an earlier admission, maybe from an older slot.
+                    let d = admitted.swap_remove((next() % admitted.len() as u64) as usize);
+                    fast.undo(&g, &d);
+                    full.undo(&g, &d);
+                    continue;
+                }
+                let cost = 1 + (next() % u64::from(limit.min(4))) as u32;
+                let a = match fast.admit_at_newest_interpolated(&g, now, cost) {
+                    Some(d) => {
+                        if d.is_allowed() {
+                            fast_allowed += 1;
+                        } else {
+                            fast_denied += 1;
+                        }
+                        d
+                    }
+                    None => fast.try_acquire_full(&g, now, cost).unwrap(),
+                };
+                let b = full.try_acquire_full(&g, now, cost).unwrap();
+                assert_eq!(
+                    a, b,
+                    "N {n}, limit {limit}, step {step}, at {now} ns, cost {cost}"
+                );
+                if a.is_allowed() {
+                    admitted.push(a);
+                }
+            }
+        }
+        // The traces reach both outcomes of the check under test.
+        assert!(
+            fast_allowed > 10_000 && fast_denied > 10_000,
+            "{fast_allowed} {fast_denied}"
+        );
+    }
+
     fn strict_never_counts_more_than_limit_in_any_window_on_a_dense_trace<H: Head>() {
         let g = geometry(5, 100, 4, Precision::Strict); // 25 ms slots
         let owned = OwnedRing::<H>::new(&g, 0);
@@ -1732,7 +1969,21 @@ mod loom_tests {
         Geometry::new(&policy)
     }
 
+    /// `geometry`, in interpolated mode.
+    fn interpolated(limit: u32, buckets: u32) -> Geometry {
+        let policy = Policy::builder()
+            .limit(limit)
+            .window(Duration::from_nanos(buckets as u64 * 10))
+            .buckets(buckets)
+            .precision(Precision::Interpolated)
+            .build()
+            .unwrap();
+        Geometry::new(&policy)
+    }
+
     for_both_layouts!(
+        interpolated_checks_racing_into_a_new_slot_never_over_admit,
+        interpolated_checks_racing_at_the_newest_slot_never_over_admit,
         three_threads_across_slot_boundaries_never_over_admit,
         mixed_costs_near_the_limit_never_over_admit,
         a_check_racing_the_base_of_the_next_slot_never_over_admits,
@@ -1975,6 +2226,28 @@ mod loom_tests {
             // Two threads find the ring idle at different slots while a third
             // checks at the old slot: resets must not erase each other's units.
             checked_run::<H>(geometry(1, 2), &[(0, 1)], &[(5, 1), (100, 1), (120, 1)]);
+        });
+    }
+
+    fn interpolated_checks_racing_into_a_new_slot_never_over_admit<H: Head>() {
+        loom::model(|| {
+            // N = 2 buckets of 10 ns, limit 2, slot 0 full. At 25 ns (slot 2)
+            // half of slot 0 has left the window: one unit fits. The thread
+            // that moves the head takes the full protocol; the other may find
+            // the base published and take the common check.
+            let g = interpolated(2, 2);
+            let total = admitted_units::<H>(g, &[(0, 2)], &[(25, 1), (25, 1)]);
+            assert!(total <= 3, "admitted {} at 25 ns, room for 1", total - 2);
+        });
+    }
+
+    fn interpolated_checks_racing_at_the_newest_slot_never_over_admit<H: Head>() {
+        loom::model(|| {
+            // As above, with the head already in slot 2 and its base known
+            // (a check of no units moved it): both take the common check.
+            let g = interpolated(2, 2);
+            let total = admitted_units::<H>(g, &[(0, 2), (21, 0)], &[(25, 1), (25, 1)]);
+            assert!(total <= 3, "admitted {} at 25 ns, room for 1", total - 2);
         });
     }
 
