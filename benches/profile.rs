@@ -7,8 +7,10 @@
 //! ```
 //!
 //! Workloads: `{ours,governor}-{hot,100k}[-denied]`, `ours-hot-tokio`,
-//! `ours-hot-auto` (the default clock), `ours-hot-interpolated[-compact]`
-//! (`Precision::Interpolated`, wide rings or compact),
+//! `ours-hot-auto` (the default clock),
+//! `ours-hot-interpolated[-compact|-denied]` (`Precision::Interpolated`,
+//! wide rings, compact, or over the limit; the clock moved on 30 µs a
+//! check),
 //! `ours-100k[-compact][-random]` (a
 //! limit of 65 535 a second, compact rings; keys in a random order, as
 //! `paired`), `governor-100k-random`, `governor-hot-denied-wait` (each
@@ -88,8 +90,11 @@ fn ours<C: Clock>(clock: C, load: Load, keys: u64, random: bool, iters: u64) {
     run(keys, random, iters, |k| l.check(k));
 }
 
-/// Ours on one hot key with `Precision::Interpolated`, at `limit` a second
-/// (1e9: wide rings; 65 535: compact).
+/// Ours on one hot key with `Precision::Interpolated`, the clock moved on
+/// 30 µs after each check (33 333 checks a second): at `limit` a second of
+/// 1e9 (wide rings) or 65 535 (compact) every check is allowed, with units
+/// in the oldest bucket to weigh, and one check in about 2 000 is its key's
+/// first in a bucket; at 100, all but one check in 300 is denied.
 fn ours_interpolated(limit: u32, iters: u64) {
     let policy = Policy::builder()
         .limit(limit)
@@ -97,11 +102,16 @@ fn ours_interpolated(limit: u32, iters: u64) {
         .precision(Precision::Interpolated)
         .build()
         .unwrap();
+    let clock = ManualClock::new();
     let l = Limiter::builder(policy)
-        .clock(ManualClock::new())
+        .clock(clock.clone())
         .build()
         .unwrap();
-    run(1, false, iters, |k| l.check(k));
+    run(1, false, iters, |k| {
+        let d = l.check(k);
+        clock.advance(Duration::from_micros(30));
+        d
+    });
 }
 
 /// `rounds` times: 1M keys checked, then dropped in bulk by `evict_idle`.
@@ -174,6 +184,7 @@ fn main() {
         ),
         "ours-hot-interpolated" => ours_interpolated(1_000_000_000, iters),
         "ours-hot-interpolated-compact" => ours_interpolated(65_535, iters),
+        "ours-hot-interpolated-denied" => ours_interpolated(100, iters),
         "ours-100k" => ours(ManualClock::new(), Load::Allowed, KEYS, false, iters),
         "ours-100k-compact" => ours(ManualClock::new(), Load::AllowedCompact, KEYS, false, iters),
         "ours-100k-denied" => ours(ManualClock::new(), Load::Denied, KEYS, false, iters),

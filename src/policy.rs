@@ -33,7 +33,9 @@ pub enum Precision {
     /// an interval of length `window` can hold `limit` plus nearly all of the oldest
     /// bucket's count: the bound is `limit + oldest - 1`, so **up to `2 × limit - 1`**
     /// in the worst case (a full bucket at the very end of the oldest slot, then a
-    /// burst at the very end of the newest).
+    /// burst at the very end of the newest). Checks stalled for most of a
+    /// window as they count can, while they finish, let others past that by
+    /// their own cost (see the guide's algorithm chapter).
     ///
     /// Typically far less: on Poisson traffic from 0.9× to 10× the limit (15
     /// buckets, limit 100), 0.6–8% of windows held more than `limit`, the mean
@@ -42,13 +44,16 @@ pub enum Precision {
     /// over; `tests/limiter_model.rs`).
     /// Cloudflare measured 0.003% wrong decisions over 400M requests with this estimate.
     ///
-    /// It also costs more per check: each check reads every bucket of the key's
-    /// ring to weigh the oldest, where a strict check reads one bucket and the
-    /// sum of the others kept beside the head (only a key's first check in a
-    /// bucket sums them). A hot key's allowed check takes about 890 instructions
-    /// with wide rings and 1200 with compact ones, against about 295 strict
-    /// (callgrind on `benches/profile.rs`: `ours-hot-interpolated[-compact]`,
-    /// `ours-hot`; default 15 buckets).
+    /// It costs a little more per check: besides what a strict check reads
+    /// (the sum of the older buckets kept beside the head, and the current
+    /// bucket), it reads the oldest bucket to weigh it. A hot key's check
+    /// takes about 425 instructions allowed and 540 denied, against 295 and
+    /// 315 strict (callgrind on `benches/profile.rs`:
+    /// `ours-hot-interpolated[-compact|-denied]`, `ours-hot[-denied]`;
+    /// default 15 buckets; the interpolated workloads also move the clock on
+    /// after each check, about 20 of their instructions). A denial whose cost
+    /// would not fit before the oldest bucket has left reads the whole ring
+    /// to say when it will.
     Interpolated,
 }
 
