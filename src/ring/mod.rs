@@ -614,7 +614,10 @@ impl<'a, H: Head> Ring<'a, H> {
     ) -> Decision {
         let (s, used) = (at.s, at.base + at.current);
         let target = (g.limit as u64).saturating_sub(cost as u64);
-        if at.current == 0 || oldest == 0 || cost > g.limit || used - oldest > target {
+        // Saturating: a stalled check's units (see above) can put more in
+        // the oldest bucket than the base counts.
+        let fits_as_oldest_leaves = used.saturating_sub(oldest) <= target;
+        if at.current == 0 || oldest == 0 || cost > g.limit || !fits_as_oldest_leaves {
             return self.denied(g, s, now, cost);
         }
         // The cost fits once `used - oldest * elapsed / w <= target`: after
@@ -1423,6 +1426,7 @@ mod tests {
         peek_does_not_consume,
         interpolated_weights_the_oldest_bucket_by_overlap,
         interpolated_checks_at_the_newest_slot_decide_as_the_full_scan,
+        a_stalled_check_in_the_oldest_bucket_breaks_no_interpolated_denial,
         strict_never_counts_more_than_limit_in_any_window_on_a_dense_trace,
         a_check_taken_back_after_newest_moved_on_leaves_no_stale_base,
         a_revived_ring_starts_afresh_and_a_stale_check_cannot_use_it,
@@ -1787,6 +1791,34 @@ mod tests {
             fast_allowed > 10_000 && fast_denied > 10_000,
             "{fast_allowed} {fast_denied}"
         );
+    }
+
+    /// The race of `admit_at_newest_interpolated`'s docs, step by step: the
+    /// oldest bucket holds more units than the base (and this slot) count.
+    /// The check decides without a panic (no subtraction may underflow),
+    /// and once the stalled check has taken its units back, the full
+    /// protocol decides again.
+    fn a_stalled_check_in_the_oldest_bucket_breaks_no_interpolated_denial<H: Head>() {
+        let g = geometry(2, 200, 2, Precision::Interpolated); // 100 ms slots
+        let owned = OwnedRing::<H>::new(&g, 0);
+        let ring = owned.ring();
+        // a enters slot 0 (step 1) and stalls ...
+        let s = ring.enter(&g, 50 * MS).unwrap();
+        // ... while b moves the head to slot 2 (base 0) and is admitted ...
+        assert!(ring.acquire(&g, 200 * MS, 1).is_allowed());
+        // ... then a adds 5 units to slot 0's bucket, the oldest of slot 2.
+        assert!(matches!(ring.add(&g, s, 5), Add::Added(_)));
+        // c weighs a's units, which the base never counted: denied, no panic.
+        let d = ring.acquire(&g, 200 * MS, 2);
+        assert_eq!(d.outcome(), Outcome::Denied, "{d:?}");
+        // a sees the head moved on and takes its units back, which forgets
+        // the base: c's retry decides by the full protocol, as if a never
+        // ran: b's unit leaves the span at 500 ms.
+        assert!(ring.moved_on(s));
+        ring.take_back(&g, s, 5);
+        let d = ring.acquire(&g, 200 * MS, 2);
+        assert_eq!(d.outcome(), Outcome::Denied);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(300)));
     }
 
     fn strict_never_counts_more_than_limit_in_any_window_on_a_dense_trace<H: Head>() {
