@@ -466,14 +466,7 @@ mod tests {
     }
 
     fn a_line_sums_as_its_words_one_by_one<B: Bucket>(line: &B::Line) {
-        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
-        let mut next = move || {
-            // splitmix64: a fixed sequence, so a failure repeats.
-            seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let z = (seed ^ (seed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
+        let mut next = crate::ring::splitmix64(0x9E37_79B9_7F4A_7C15);
         for _ in 0..20_000 {
             // Slots anywhere, near the tags' wrap-around too; tags mostly
             // within a window behind, some newer, some long stale.

@@ -493,7 +493,7 @@ impl<'a, H: Head> Ring<'a, H> {
         }
         // `current + cost <= limit`, which every layout's count holds.
         self.count_at_newest(g, &at, cost)
-            .then(|| admitted_strict(g, used, s, now, cost))
+            .then(|| admitted(g, g.limit as u64, used, s, now, cost))
     }
 
     /// The reads [`admit_at_newest`](Self::admit_at_newest) decides from:
@@ -557,14 +557,7 @@ impl<'a, H: Head> Ring<'a, H> {
     fn admit_at_newest_interpolated(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
         let at = &self.at_newest(g, now)?;
         let s = at.s;
-        // Slot `s - N` lives where `s + 1` will (a ring holds N + 1 slots);
-        // before slot N it would precede slot 0, and holds no units.
-        let cell = self.bucket(g, s + 1).load();
-        let oldest = if s >= g.n && age_bits::<H::Bucket>(s - g.n, cell) == 0 {
-            count::<H::Bucket>(cell)
-        } else {
-            0
-        };
+        let oldest = self.units_at_age(g, s, g.n);
         // The estimate is `used - oldest * elapsed / w` (see `weighted`): it
         // fits when `used - limit` is at most the whole units of the oldest
         // bucket that have left the window.
@@ -584,18 +577,21 @@ impl<'a, H: Head> Ring<'a, H> {
         if !self.count_at_newest(g, at, cost) {
             return None;
         }
-        // As `allowed` reports it, this check's units the youngest.
-        Some(Decision {
-            outcome: Outcome::Allowed,
-            limit: g.limit,
-            remaining: (room - used) as u32,
-            retry_after_ns: 0,
-            reset_ns: g.drained_after(s, now),
-            slot: s,
-            cost,
-            overflow: false,
-            unchecked: false,
-        })
+        Some(admitted(g, room, used, s, now, cost))
+    }
+
+    /// The units recorded at slot `s - a` (`a <= N`): its bucket lies `a`
+    /// positions before `s`'s, and counts only while it holds that slot (a
+    /// bucket one lap behind carries a different tag, even for the laps
+    /// before slot 0).
+    #[inline(always)]
+    fn units_at_age(&self, g: &Geometry, s: u64, a: u64) -> u64 {
+        let cell = self.bucket(g, s + g.len - a).load();
+        if age_bits::<H::Bucket>(s.wrapping_sub(a), cell) == 0 {
+            count::<H::Bucket>(cell)
+        } else {
+            0
+        }
     }
 
     /// [`denied`](Self::denied) for interpolated mode, from the reads in `at`
@@ -629,17 +625,8 @@ impl<'a, H: Head> Ring<'a, H> {
             None => (excess as u128 * w as u128).div_ceil(oldest as u128) as u64,
         };
         let room = g.limit as u64 + oldest_left(g, s, now, oldest);
-        Decision {
-            outcome: Outcome::Denied,
-            limit: g.limit,
-            remaining: room.saturating_sub(used) as u32,
-            retry_after_ns: (s * w + into).saturating_sub(now).max(1),
-            reset_ns: g.drained_after(s, now),
-            slot: s,
-            cost: 0,
-            overflow: false,
-            unchecked: false,
-        }
+        let retry_after = (s * w + into).saturating_sub(now).max(1);
+        denial(g, s, room, used, retry_after, g.drained_after(s, now))
     }
 
     /// Every check that [`admit_at_newest`](Self::admit_at_newest) leaves:
@@ -678,7 +665,7 @@ impl<'a, H: Head> Ring<'a, H> {
                         continue;
                     }
                     if used <= g.limit as u64 {
-                        return Some(admitted_strict(g, used, s, now, cost));
+                        return Some(admitted(g, g.limit as u64, used, s, now, cost));
                     }
                     self.take_back(g, s, cost);
                     // Others' units at `s`: the count the add left, less this
@@ -1168,7 +1155,7 @@ impl<'a, H: Head> Ring<'a, H> {
         let older = used.saturating_sub(current);
         if current > 0 && older < need {
             let drained = g.drained_after(s, now);
-            return denial_strict(g, s, used, drained.max(1), drained);
+            return denial(g, s, g.limit as u64, used, drained.max(1), drained);
         }
         self.denied_strict_walk(g, s, now, cost, used, current)
     }
@@ -1190,19 +1177,7 @@ impl<'a, H: Head> Ring<'a, H> {
         let need = used.saturating_sub((g.limit - cost) as u64);
         let older = used.saturating_sub(current);
         let len = g.ring_len();
-        let at_s = g.position(s);
-        // The units recorded at slot `s - a`: its bucket lies `a` positions before
-        // `s`'s, and counts only while it holds that slot (a bucket one lap behind
-        // carries a different tag, even for the laps before slot 0).
-        let units_of_age = |a: usize| {
-            let p = if at_s >= a { at_s - a } else { at_s + len - a };
-            let cell = self.word(p).load();
-            if age_bits::<H::Bucket>(s.wrapping_sub(a as u64), cell) == 0 {
-                count::<H::Bucket>(cell)
-            } else {
-                0
-            }
-        };
+        let units_of_age = |a: usize| self.units_at_age(g, s, a as u64);
         // Read from the oldest age until enough leave (under steady traffic,
         // one read).
         let mut fits_at = s + g.len;
@@ -1223,16 +1198,26 @@ impl<'a, H: Head> Ring<'a, H> {
             (1..len).find(|&a| units_of_age(a) > 0).map(|a| a as u64)
         };
         let reset = youngest.map_or(0, |a| g.drained_after(s - a.min(s), now));
-        denial_strict(g, s, used, g.until_slot(fits_at, now).max(1), reset)
+        let retry_after = g.until_slot(fits_at, now).max(1);
+        denial(g, s, g.limit as u64, used, retry_after, reset)
     }
 }
 
-/// A strict denial at slot `s` with `used` units in the span.
-fn denial_strict(g: &Geometry, s: u64, used: u64, retry_after_ns: u64, reset_ns: u64) -> Decision {
+/// A denial at slot `s` with `used` units in a span that may hold `room`
+/// (the limit; in interpolated mode, also the oldest bucket's units that have
+/// left the window).
+fn denial(
+    g: &Geometry,
+    s: u64,
+    room: u64,
+    used: u64,
+    retry_after_ns: u64,
+    reset_ns: u64,
+) -> Decision {
     Decision {
         outcome: Outcome::Denied,
         limit: g.limit,
-        remaining: (g.limit as u64).saturating_sub(used) as u32,
+        remaining: room.saturating_sub(used) as u32,
         retry_after_ns,
         reset_ns,
         slot: s,
@@ -1299,14 +1284,15 @@ fn fits(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> bool {
     weighted(g, scan, s, now, extra) <= g.limit as u128 * g.width as u128
 }
 
-/// A strict admission at slot `s` of `cost > 0` units, `used` units in the span
-/// counting them: they are the youngest, so the window drains one span after `s`.
+/// An admission at slot `s` of `cost > 0` units, `used` units in the span
+/// counting them, of the `room` it may hold (as [`denial`]): they are the
+/// youngest, so the window drains one span after `s`.
 #[inline]
-fn admitted_strict(g: &Geometry, used: u64, s: u64, now: u64, cost: u32) -> Decision {
+fn admitted(g: &Geometry, room: u64, used: u64, s: u64, now: u64, cost: u32) -> Decision {
     Decision {
         outcome: Outcome::Allowed,
         limit: g.limit,
-        remaining: (g.limit as u64 - used) as u32,
+        remaining: (room - used) as u32,
         retry_after_ns: 0,
         reset_ns: g.drained_after(s, now),
         slot: s,
@@ -1347,6 +1333,18 @@ impl Decision {
             self.reset_ns = g.drained_after(s, now);
         }
         self
+    }
+}
+
+/// splitmix64 from `seed`: random numbers for tests, in a fixed sequence so
+/// that a failure repeats.
+#[cfg(test)]
+pub(crate) fn splitmix64(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let z = (seed ^ (seed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 }
 
@@ -1732,14 +1730,7 @@ mod tests {
     /// decision, on random traces of costs, gaps and undos, two rings side by
     /// side.
     fn interpolated_checks_at_the_newest_slot_decide_as_the_full_scan<H: Head>() {
-        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
-        let mut next = move || {
-            // splitmix64: a fixed sequence, so a failure repeats.
-            seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let z = (seed ^ (seed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
+        let mut next = super::splitmix64(0x2545_F491_4F6C_DD1D);
         let (mut fast_allowed, mut fast_denied) = (0, 0);
         for _ in 0..400 {
             let n = [1, 2, 3, 7, 15, 31][(next() % 6) as usize];
