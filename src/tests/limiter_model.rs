@@ -9,6 +9,7 @@
 //!
 //! Time is driven by a `ManualClock`, so every clock reading is exact.
 
+use super::Rng;
 use crate::{Decision, Limiter, ManualClock, Outcome, Policy, Precision};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, VecDeque};
@@ -515,24 +516,6 @@ fn interpolated_can_admit_nearly_twice_the_limit_when_the_oldest_bucket_is_bunch
     assert_eq!(admitted, 99);
     // Both bursts lie within [width - 1, width - 1 + W]: 199 units, not 100.
     assert_eq!(last_of_slot_n - last_of_slot_0, g.window);
-}
-
-/// A small deterministic generator (xorshift64*), so the figures are reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// An exponential gap with the given mean (Poisson arrivals).
-    fn exp(&mut self, mean: f64) -> u64 {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        (-(1.0 - u).ln() * mean) as u64
-    }
 }
 
 /// (d) How far interpolated mode overshoots on Poisson traffic: for windows starting

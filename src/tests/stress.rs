@@ -4,6 +4,7 @@
 //! other key's checks sweep the limiter, so rings are retired and replaced under
 //! the workers. Bounded by check counts, not time.
 
+use super::Rng;
 use crate::{Limiter, ManualClock, Policy};
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -57,18 +58,6 @@ struct Record {
     allowed: bool,
     /// Denied, yet a peek right after, at the same slot, showed room for the cost.
     room_after: bool,
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
 }
 
 /// The next clock step: mostly within a bucket, sometimes across one or several,
