@@ -29,7 +29,7 @@ use tokio::time::{Interval, MissedTickBehavior};
 type Hasher = foldhash::quality::RandomState;
 
 /// [`Hasher`] with a seed of the test's choosing, for the tests of its spread.
-#[cfg(test)]
+#[cfg(all(test, not(tsw_loom)))]
 pub(crate) fn seeded_hasher(shared_seed: u64) -> foldhash::quality::SeedableRandomState {
     let shared = Box::leak(Box::new(foldhash::SharedSeed::from_u64(shared_seed)));
     foldhash::quality::SeedableRandomState::with_seed(shared_seed, shared)

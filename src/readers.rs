@@ -363,7 +363,7 @@ impl<T> Retired<T> {
     }
 
     /// How many values are kept.
-    #[cfg(test)]
+    #[cfg(all(test, not(tsw_loom)))]
     pub(crate) fn len(&self) -> usize {
         self.waiting.len()
     }

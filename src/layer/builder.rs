@@ -869,7 +869,7 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, TieredStores
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(tsw_loom)))]
 impl<X: Keyed, St: Store<KeyOf<X>>, M: ModeConfig> SlidingWindowLayerBuilder<X, Stores<St>, M> {
     /// A layer of these stores that waits, as only in-memory limiters can:
     /// for tests whose stores wrap a limiter (`local` reaches it).

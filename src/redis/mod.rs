@@ -456,7 +456,7 @@ impl RedisStore {
     /// Decide at a given Redis time instead of Redis' `TIME`, bypassing the deny
     /// cache and the failure policy. For tests that compare the script with the
     /// in-memory ring decision by decision.
-    #[cfg(test)]
+    #[cfg(all(test, not(tsw_loom)))]
     pub(crate) async fn check_at<K: RedisKey + ?Sized>(
         &self,
         key: &K,
@@ -475,7 +475,7 @@ impl RedisStore {
 
 impl RedisStore {
     /// [`Store::undo`], awaited instead of fired and forgotten (for tests).
-    #[cfg(test)]
+    #[cfg(all(test, not(tsw_loom)))]
     pub(crate) async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
         if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
             self.inner.run_undo(user, slot, cost).await;

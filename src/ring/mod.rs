@@ -1338,7 +1338,7 @@ impl Decision {
 
 /// splitmix64 from `seed`: random numbers for tests, in a fixed sequence so
 /// that a failure repeats.
-#[cfg(test)]
+#[cfg(all(test, not(tsw_loom)))]
 pub(crate) fn splitmix64(mut seed: u64) -> impl FnMut() -> u64 {
     move || {
         seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
