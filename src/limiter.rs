@@ -8,7 +8,9 @@ use crate::error::ConfigError;
 use crate::metrics::LimiterMetrics;
 use crate::partition::{Partition, Slot, Writing};
 use crate::policy::Policy;
-use crate::ring::{peek_empty, Compact, Geometry, Head, OwnedRing, Ring, Wide, WindowSnapshot};
+use crate::ring::{
+    bucket_count_max, peek_empty, Compact, Geometry, Head, OwnedRing, Ring, Wide, WindowSnapshot,
+};
 use crate::stats::{Counters, KeyUsage, LimiterStats};
 use crate::table::MAX_CAPACITY;
 use crate::trim;
@@ -392,6 +394,9 @@ impl<C> LimiterBuilder<C> {
     }
 }
 
+/// A state as `start` makes it, with its sweeper if it has one.
+type Started<K, C> = (Shared<K, C>, Option<Arc<Sweeper>>);
+
 /// A new state for `geometry` in the layout it fits, holding the counts of
 /// `from` if given (carried over: see [`Limiter::reconfigured`]), and its
 /// sweeper if `sweep` asks for one.
@@ -402,7 +407,7 @@ fn start<K, C>(
     max_keys: usize,
     sweep: Option<SweepPlan>,
     from: Option<&Shared<K, C>>,
-) -> (Shared<K, C>, Option<Arc<Sweeper>>)
+) -> Started<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -414,7 +419,7 @@ where
         max_keys: usize,
         sweep: Option<SweepPlan>,
         from: Option<&Shared<K, C>>,
-    ) -> (Shared<K, C>, Option<Arc<Sweeper>>)
+    ) -> Result<Started<K, C>, CountTooLarge>
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
         C: Clock,
@@ -424,20 +429,38 @@ where
         let shape = geometry.for_head::<H>();
         let reading = clock.now_nanos();
         let now = shape.hold(reading);
-        let mut state = State::new(shape, policy, clock, max_keys, sweep, now);
+        let mut state = State::new(shape, policy, clock, max_keys, sweep.clone(), now);
         if let Some(from) = from {
-            with_state!(from, old => state.carry_over(old, reading));
+            with_state!(from, old => state.carry_over(old, reading))?;
         }
         let state = Arc::new(state);
         let sweeper = state.spawn_sweeper(now);
-        (state.into(), sweeper)
+        Ok((state.into(), sweeper))
     }
     if geometry.fits_compact() {
-        make::<K, C, Compact>(geometry, policy, clock, max_keys, sweep, from)
-    } else {
-        make::<K, C, Wide>(geometry, policy, clock, max_keys, sweep, from)
+        if let Ok(made) = make::<K, C, Compact>(
+            geometry,
+            policy,
+            Arc::clone(&clock),
+            max_keys,
+            sweep.clone(),
+            from,
+        ) {
+            return made;
+        }
+        // A carried count a compact bucket cannot hold: held at its largest,
+        // it would be safe only while this limit is in force, and a later
+        // change to a higher limit would carry the held count, not the true
+        // one. Wide rings hold any count a limit can reach.
     }
+    make::<K, C, Wide>(geometry, policy, clock, max_keys, sweep, from).unwrap_or_else(
+        |CountTooLarge| unreachable!("a wide bucket holds any count a limit reaches"),
+    )
 }
+
+/// A count carried into a ring whose buckets cannot hold it (see `start`).
+#[derive(Debug)]
+struct CountTooLarge;
 
 /// A policy's buckets must be at least as wide as the clock's resolution.
 fn check_resolution<C: Clock>(policy: &Policy, clock: &C) -> Result<(), ConfigError> {
@@ -623,7 +646,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// that instant is later, so each unit is moved later in time, never
     /// earlier; units whose new bucket has already left the new window are
     /// dropped (they were admitted before it too). The overflow ring is carried
-    /// the same way. The new limiter has stats of its own, starting from zero,
+    /// the same way. Counts are carried whole: where a carried bucket holds
+    /// more than the compact rings of a limit up to 65 535 can (units
+    /// admitted under a higher limit), the new limiter takes wide rings, so a
+    /// later change back to a higher limit still counts every unit. The new limiter has stats of its own, starting from zero,
     /// and a sweeper of its own when this one has one (every new bucket width
     /// if this one's swept every bucket width, else at the same period, on the
     /// same runtime). Checks and undos on this limiter after the call no longer
@@ -718,7 +744,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
     /// as a copy of the overflow ring is), so a unit counted or undone there
     /// during the walk may or may not be carried. The new rings are seeded
     /// before this state is published, so they need no concurrency argument.
-    fn carry_over<H1: Head>(&mut self, old: &State<K, C, H1>, reading: u64) {
+    ///
+    /// `Err` if a carried bucket's count is more than `H`'s buckets hold and
+    /// less than a limit could be (see `start`): no state is made then.
+    fn carry_over<H1: Head>(
+        &mut self,
+        old: &State<K, C, H1>,
+        reading: u64,
+    ) -> Result<(), CountTooLarge> {
         let now = self.shape.hold(reading);
         let old_now = old.shape.hold(reading);
         let old_shape = &old.shape;
@@ -727,13 +760,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
         self.hasher = old.hasher.clone();
         if let (Some(single), Some(old_single)) = (&mut self.single, &old.single) {
             if let Some((s, counts)) =
-                carried(&self.shape, old_shape, old_single.ring(), old_now, now)
+                carried::<H1, H>(&self.shape, old_shape, old_single.ring(), old_now, now)?
             {
                 *single = OwnedRing::seeded(&self.shape, s, &counts);
             }
         }
         if let Some((s, counts)) =
-            carried(&self.shape, old_shape, old.overflow.ring(), old_now, now)
+            carried::<H1, H>(&self.shape, old_shape, old.overflow.ring(), old_now, now)?
         {
             self.overflow = OwnedRing::seeded(&self.shape, s, &counts);
             // The groups whose units the old overflow ring still holds: a key
@@ -750,9 +783,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
         let swept = self.shape.hold(old.swept_at.load(SeqCst));
         self.swept_at.store(now.max(swept), SeqCst);
         let mut tracked = 0;
+        let mut too_large = None;
         for partition in old.partitions.iter() {
             partition.for_each(|key, ring| {
-                let Some((s, counts)) = carried(&self.shape, old_shape, ring, old_now, now) else {
+                let carried = carried::<H1, H>(&self.shape, old_shape, ring, old_now, now);
+                let Some((s, counts)) = carried.unwrap_or_else(|e| {
+                    too_large = Some(e);
+                    None
+                }) else {
                     return;
                 };
                 let key = self.lookup(key);
@@ -767,6 +805,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
             });
         }
         self.keys.fetch_add(tracked, Relaxed);
+        too_large.map_or(Ok(()), Err)
     }
 }
 
@@ -774,13 +813,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
 /// shape `g` at `now`, as a slot and counts by age: each old bucket's units
 /// at the new slot of its last instant, or of `now` if that is later; left out
 /// if that slot has left the span at `now`. `None` if nothing is left.
-fn carried<H: Head>(
+///
+/// `Err` if a count is more than a bucket of layout `H2` holds while a limit
+/// could be higher: held, it would read lower than the units it stands for
+/// under that limit. (A count held at the wide layout's largest still reads
+/// at or above any limit, so it denies as the units would.)
+fn carried<H1: Head, H2: Head>(
     g: &Geometry,
     old: &Geometry,
-    ring: Ring<'_, H>,
+    ring: Ring<'_, H1>,
     old_now: u64,
     now: u64,
-) -> Option<(u64, Vec<u64>)> {
+) -> Result<Option<(u64, Vec<u64>)>, CountTooLarge> {
     let (old_slot, old_counts) = ring.counts_by_age(old, old_now);
     let s = g.slot(now);
     let mut counts = vec![0u64; g.span_slots() as usize];
@@ -797,7 +841,11 @@ fn carried<H: Head>(
             *c += units;
         }
     }
-    counts.iter().any(|&c| c > 0).then_some((s, counts))
+    let most = bucket_count_max::<H2>();
+    if most < u64::from(u32::MAX) && counts.iter().any(|&c| c > most) {
+        return Err(CountTooLarge);
+    }
+    Ok(counts.iter().any(|&c| c > 0).then_some((s, counts)))
 }
 
 impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {

@@ -352,3 +352,48 @@ fn mistakes_are_configuration_errors() {
     ));
     assert_eq!(layer.tiers().unwrap(), table());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_count_no_compact_ring_holds_survives_a_change_through_a_small_limit() {
+    use tower::ServiceExt;
+    // A request costs what its `x-cost` header says.
+    let cost = |req: &Request<Body>| -> u32 {
+        req.headers()
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    };
+    let big = || TierLimits::Limited(vec!["100000/min".parse().unwrap()]);
+    let tiers = Tiers::builder()
+        .limited("bulk", ["100000/min".parse().unwrap()])
+        .build()
+        .unwrap();
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(tiers)
+        .cost(cost)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer.clone());
+    let call = |units: u32| {
+        let req = Request::get("/")
+            .header("x-tier", "bulk")
+            .header("x-user", "ada")
+            .header("x-cost", units.to_string())
+            .body(Body::empty())
+            .unwrap();
+        let app = app.clone();
+        async move { app.oneshot(req).await.unwrap().status() }
+    };
+    assert_eq!(call(100_000).await, StatusCode::OK);
+    // Down to a limit a compact ring takes, and back, with no time passing:
+    // the 100 000 units are all in the window.
+    layer
+        .set_tier("bulk", TierLimits::Limited(vec!["100/s".parse().unwrap()]))
+        .unwrap();
+    assert_eq!(call(1).await, StatusCode::TOO_MANY_REQUESTS);
+    layer.set_tier("bulk", big()).unwrap();
+    assert_eq!(call(34_465).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(1).await, StatusCode::TOO_MANY_REQUESTS);
+}

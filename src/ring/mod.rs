@@ -33,6 +33,11 @@ const SMALL_RING: usize = 64;
 /// 2^60 nanoseconds (36 years), as far as the wide layout's slots of 1 ns.
 const COMPACT_MIN_WIDTH: u64 = 1 << 14;
 
+/// The largest count a bucket of layout `H` holds.
+pub(crate) fn bucket_count_max<H: Head>() -> u64 {
+    count_max::<H::Bucket>()
+}
+
 /// A line of `H`'s bucket words.
 pub(crate) type LineOf<H> = <<H as Head>::Bucket as Bucket>::Line;
 

@@ -35,11 +35,13 @@ fn limiter(p: Policy, max_keys: usize) -> (Limiter<u8, ManualClock>, ManualClock
     (limiter, clock)
 }
 
-/// One admitted unit as the model keeps it.
+/// One admission's units as the model keeps them.
 #[derive(Debug)]
 struct Unit {
     key: u8,
-    /// The clock's reading when it was admitted (ns).
+    /// How many units.
+    n: u64,
+    /// The clock's reading when they were admitted (ns).
     at: u64,
     /// Forgotten by a change: admitted at or before `c - W_old`.
     forgotten: bool,
@@ -66,14 +68,23 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1..5_000u64).prop_map(Op::Advance),
         3 => (1..400u64).prop_map(|ms| Op::Advance(ms * MS)),
         8 => (0..KEYS, 1..=3u32).prop_map(|(key, cost)| Op::Check { key, cost }),
-        1 => (1..=20u32, 100..=2_000u64, 1..=16u32).prop_map(|(limit, window_ms, buckets)| {
+        // Costs that fill a limit on either side of what a compact ring
+        // holds (65 535), as often as small ones.
+        4 => (0..KEYS, 1..=140_000u32).prop_map(|(key, cost)| Op::Check { key, cost }),
+        1 => (limit(), 100..=2_000u64, 1..=16u32).prop_map(|(limit, window_ms, buckets)| {
             Op::Reconfigure { limit, window_ms, buckets }
         }),
     ]
 }
 
+/// Limits small, around 65 535 (the most a compact ring's bucket holds) and
+/// well above it: changes between them move counts between ring layouts.
+fn limit() -> impl Strategy<Value = u32> {
+    prop_oneof![1..=20u32, 65_530..=65_540u32, 65_536..=140_000u32]
+}
+
 fn first_policy() -> impl Strategy<Value = Policy> {
-    (1..=20u32, 100..=2_000u64, 1..=16u32).prop_map(|(l, w, n)| policy(l, w, n))
+    (limit(), 100..=2_000u64, 1..=16u32).prop_map(|(l, w, n)| policy(l, w, n))
 }
 
 proptest! {
@@ -120,12 +131,13 @@ proptest! {
                     let quiet = t >= last_event + span;
                     let d = current.check_n(&key, cost);
                     if d.is_allowed() {
-                        units.extend((0..cost).map(|_| Unit { key, at: t, forgotten: false }));
+                        units.push(Unit { key, n: cost.into(), at: t, forgotten: false });
                         last_event = t;
-                        let remembered = units
+                        let remembered: u64 = units
                             .iter()
                             .filter(|u| u.key == key && !u.forgotten && u.at + window > t)
-                            .count() as u64;
+                            .map(|u| u.n)
+                            .sum();
                         prop_assert!(
                             remembered <= limit,
                             "key {} at {}: {} units remembered, limit {}", key, t, remembered, limit
@@ -330,4 +342,19 @@ fn changes_racing_checks_and_undos_on_the_old_limiter_are_safe() {
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
+}
+
+#[test]
+fn a_count_above_what_a_compact_ring_holds_survives_a_change_through_one() {
+    // 100 000 units at one instant, then a change to a limit a compact ring
+    // takes (another window: the rings are rebuilt), then back: no time
+    // passes, so every unit is still in the window and must still count.
+    let (wide, _clock) = limiter(policy(100_000, 60_000, 15), 100);
+    assert!(wide.check_n(&1, 100_000).is_allowed());
+    let narrow = wide.reconfigured(policy(100, 1_000, 15)).unwrap();
+    assert!(!narrow.check(&1).is_allowed());
+    let back = narrow.reconfigured(policy(100_000, 60_000, 15)).unwrap();
+    assert_eq!(back.usage(&1).used, 100_000);
+    assert!(!back.check_n(&1, 34_465).is_allowed());
+    assert!(!back.check(&1).is_allowed());
 }
