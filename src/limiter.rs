@@ -249,6 +249,10 @@ struct State<K, C, H: Head> {
     /// Rounds the background sweeper has finished, for tests to wait on.
     #[cfg(test)]
     sweeper_rounds: AtomicU64,
+    /// Run once where a check at the cap stalls before it takes the writer's
+    /// lock, for the tests of that interleaving.
+    #[cfg(test)]
+    stall_at_cap: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 #[derive(Clone)]
@@ -518,6 +522,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
             sweep,
             #[cfg(test)]
             sweeper_rounds: AtomicU64::new(0),
+            #[cfg(test)]
+            stall_at_cap: std::sync::Mutex::new(None),
         }
     }
 
@@ -1167,32 +1173,46 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
             }
         }
         self.overflowed.fetch_add(1, Relaxed);
-        // No earlier than the latest sweep, as a fresh ring: the key may have
-        // been evicted by it, and its units then must not share a span with
-        // these (a clock stepped back, or a check stalled since reading it).
+        self.decide_at_cap(g, &key, cost, now)
+    }
+
+    /// A check of `key`, untracked, at the cap: decided by the overflow ring,
+    /// unless the key has got a ring of its own meanwhile.
+    ///
+    /// Under the partition's writer lock, which every change of the key's
+    /// place in the table (a new ring, a sweep) also holds: the key's ring
+    /// cannot appear, take units and be swept between the look for it and
+    /// the overflow ring's decision, and the key's overflow mark is raised
+    /// before any later ring of the key reads it (so that ring starts as a
+    /// copy holding these units). A check that stalled (a clock read long
+    /// ago) records no earlier than the latest sweep, read under the lock,
+    /// so its units never share a span with those of a ring the sweep
+    /// dropped. A denial counts nothing, so it needs no lock.
+    #[cold]
+    fn decide_at_cap(&self, g: &Geometry, key: &Lookup<'_, K>, cost: u32, now: u64) -> Decision {
+        let at = now.max(self.swept_at.load(SeqCst));
+        let peeked = self.overflow.ring().peek(g, at, cost);
+        if !peeked.is_allowed() {
+            return overflow_decision(peeked, at, now);
+        }
+        #[cfg(test)]
+        if let Some(stall) = self.stall_at_cap.lock().unwrap().take() {
+            stall();
+        }
+        let writing = self.partition(key).write();
+        if let Slot::Live(i) = writing.find(key.hash, key.key) {
+            // Tracked meanwhile: the key's own ring decides, and it cannot
+            // be retired while the lock is held.
+            return writing.ring(i).acquire(g, now, cost);
+        }
         let at = now.max(self.swept_at.load(SeqCst));
         let d = overflow_decision(self.overflow.ring().acquire(g, at, cost), at, now);
         // A check of cost 0 counted nothing for the key: no mark, no copy later.
         if d.is_allowed() && cost > 0 {
-            // Raised under the writer's lock, so a creator reads the mark either
-            // before (its new ring is in the table by the look below, which moves
-            // these units into it) or after (its ring starts as a copy holding
-            // them), never both: a copy that already holds them must not count
-            // them again when they are moved.
-            let _writing = partition.write();
-            self.overflow_mark(&key)
+            self.overflow_mark(key)
                 .fetch_max(d.slot + g.span_slots(), SeqCst);
-            // A racing check may have tracked the key before the line above:
-            // then count these units in the key's own ring instead.
-            let table = partition.table();
-            if let Some(decision) = table
-                .find(key.hash, key.key)
-                .and_then(|i| table.ring(i).try_acquire(g, now, cost))
-            {
-                self.overflow.ring().undo(g, &d);
-                return decision;
-            }
         }
+        drop(writing);
         d
     }
 
@@ -1937,6 +1957,43 @@ mod tests {
             assert_eq!(peeked.remaining(), checked.remaining());
             assert_eq!(peeked.reset(), checked.reset(), "max_keys {max_keys}");
         }
+    }
+
+    #[test]
+    fn a_check_stalled_at_the_cap_is_never_admitted_beside_a_ring_swept_meanwhile() {
+        // Limit 3 per 1 s in 15 buckets, room for one key. Key 1 holds it.
+        let (l, clock) = limiter(3, 1);
+        assert!(l.check(&1).is_allowed());
+        // At 0.5 s key 2 finds the limiter full; its check stalls before it
+        // takes the writer's lock. Meanwhile key 1 goes idle, key 2 gets a
+        // ring of its own and uses its whole limit at 1.2 s, and that ring is
+        // swept once idle, at 2.4 s.
+        clock.set(500_000_000);
+        let own = Arc::new(std::sync::Mutex::new(None));
+        let (l2, clock2, own2) = (
+            l.reconfigured(l.policy().clone()).unwrap(),
+            clock.clone(),
+            Arc::clone(&own),
+        );
+        *l.compact().stall_at_cap.lock().unwrap() = Some(Box::new(move || {
+            clock2.set(1_200_000_000);
+            let d = l2.check_n(&2, 3);
+            assert!(d.is_allowed() && !d.is_overflow(), "{d:?}");
+            *own2.lock().unwrap() = Some(d);
+            clock2.set(2_400_000_000);
+            assert_eq!(l2.evict_idle(), 1);
+        }));
+        let stalled = l.check_n(&2, 3);
+        let own = own.lock().unwrap().expect("the stall ran");
+        // Key 2's units: 3 in its own ring, and 3 more only where no window
+        // holds both (a unit recorded at slot x counts through x + 15).
+        let span = l.compact().shape.span_slots();
+        assert!(
+            !stalled.is_allowed() || stalled.recorded_slot() >= own.recorded_slot() + span,
+            "admitted at slot {} beside 3 units at slot {}",
+            stalled.recorded_slot(),
+            own.recorded_slot()
+        );
     }
 
     #[test]

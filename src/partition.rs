@@ -341,6 +341,12 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         }
     }
 
+    /// The ring at position `i` (live while this writer holds the lock, if
+    /// [`find`](Self::find) said so).
+    pub(crate) fn ring(&self, i: usize) -> Ring<'_, H> {
+        self.table.ring(i)
+    }
+
     /// Bring back the retired ring at position `i` at slot `s` holding `counts`
     /// ([`Ring::revive`]).
     pub(crate) fn revive(&self, i: usize, g: &Geometry, s: u64, counts: &[u64]) {

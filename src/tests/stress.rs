@@ -84,12 +84,22 @@ fn policy(width: u64) -> Policy {
 
 /// Run the threads; `cost` picks each check's cost from a per-thread generator.
 fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, ManualClock>) {
+    // One partition: every sweep step visits both keys.
+    hammer_keys(seed, cost, KEYS, 4)
+}
+
+/// [`hammer`] on `keys` keys, drawn evenly, with room for `max_keys`.
+fn hammer_keys(
+    seed: u64,
+    cost: fn(&mut Rng) -> u64,
+    keys: u64,
+    max_keys: usize,
+) -> (Vec<Record>, Limiter<u8, ManualClock>) {
     let clock = ManualClock::new();
     let limiter = Arc::new(
         Limiter::builder(policy(WIDTH))
             .clock(clock.clone())
-            // One partition: every sweep step visits both keys.
-            .max_keys(4)
+            .max_keys(max_keys)
             .build::<u8>()
             .unwrap(),
     );
@@ -113,8 +123,13 @@ fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, Man
                         done.load(SeqCst) < (steps.load(SeqCst) + 1) * CHECKS_PER_STEP
                     });
                     let c = cost(&mut rng);
-                    // Mostly key 0, so that key 1 often idles for a window.
-                    let key = (rng.below(8 * KEYS) / (8 * KEYS - 1)) as u8;
+                    // Of two keys, mostly key 0, so that key 1 often idles
+                    // for a window; of more, any.
+                    let key = if keys == KEYS {
+                        (rng.below(8 * KEYS) / (8 * KEYS - 1)) as u8
+                    } else {
+                        rng.below(keys) as u8
+                    };
                     let d = limiter.check_n(&key, c as u32);
                     let room_after = !d.is_allowed() && {
                         let p = limiter.peek(&key, c as u32);
@@ -240,6 +255,16 @@ fn racing_checks_of_mixed_cost_never_admit_more_than_limit_in_any_span() {
     let (records, _) = hammer(0xc057, |rng| 1 + rng.below(3));
     assert_no_span_over_limit(&records, KEYS);
     assert!(records.iter().any(|r| r.allowed));
+}
+
+#[test]
+fn racing_checks_at_the_key_cap_never_admit_more_than_limit_in_any_span() {
+    // Six keys with room for two: most checks meet the cap, are decided by
+    // the overflow ring, and move into rings of their own as others idle.
+    let (records, limiter) = hammer_keys(0xca9, |rng| 1 + rng.below(3), 6, 2);
+    assert_no_span_over_limit(&records, 6);
+    let stats = limiter.stats();
+    assert!(stats.overflowed > 0 && stats.keys_evicted > 0, "{stats:?}");
 }
 
 /// Two threads race for the last unit, round after round: both finish a round,
