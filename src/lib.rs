@@ -118,11 +118,10 @@
 //! | `serde` | off | [`Policy`] and [`Tiers`] deserialize from configuration (TOML, YAML, JSON, ...) |
 //! | `metrics` | off | decision counters, tracked keys, wait times and Redis round trips through the `metrics` facade ([guide](guide::observability)) |
 
-// `unsafe` in the crate, each with its SAFETY note and its tests: the call
-// that hands freed table memory back to glibc's malloc (`trim.rs`), the
-// `membarrier` call (`readers.rs`), and a partition's table kept as a raw
-// `Arc` pointer, so that a check loads it without a locked instruction
-// (`partition.rs`).
+// `unsafe` in the crate: one call, the one that hands freed table memory
+// back to glibc's malloc (`trim.rs`), with its SAFETY note; it runs only in
+// the background sweeper and `Limiter::evict_idle`, never in a check. The
+// tables reach checks through arc-swap, in safe code.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -138,7 +137,6 @@ mod log;
 mod metrics;
 mod partition;
 mod policy;
-mod readers;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

@@ -590,11 +590,12 @@ where
             }
             drop(state);
             // Before yielding: the round's memory goes back as it ends.
-            trim::trim_if(if last {
+            trim::trim_off_worker_if(if last {
                 trim::TRIM_AFTER_ROUND
             } else {
                 trim::TRIM_AFTER
-            });
+            })
+            .await;
             if swept {
                 tokio::task::yield_now().await;
             }
@@ -1305,13 +1306,6 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         if let Some(writing) = self.partitions[p].try_write() {
             self.sweep_with(writing, now);
         }
-        // The last partition of a round: hand back what the round gave up.
-        let last = p + 1 == self.partitions.len();
-        trim::trim_if(if last {
-            trim::TRIM_AFTER_ROUND
-        } else {
-            trim::TRIM_AFTER
-        });
         #[cfg(feature = "metrics")]
         let _ = self.stats(); // hands the counts to the metrics recorder
     }
@@ -1334,13 +1328,14 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
 }
 
 impl<K, C, H: Head> Drop for State<K, C, H> {
-    /// The tables go back to the allocator, and (see `trim`) their memory to
-    /// the system.
+    /// The tables go back to the allocator; their bytes count towards the
+    /// next trim (see `trim`).
     fn drop(&mut self) {
         let bytes = self.partitions.iter().map(Partition::bytes).sum();
         self.partitions = Box::new([]);
+        // Counted for the next trim (a sweeper's round, or `evict_idle`):
+        // a limiter may be dropped on a request's path.
         trim::given_up(bytes);
-        trim::trim_if(trim::TRIM_AFTER_ROUND);
     }
 }
 

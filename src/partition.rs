@@ -2,20 +2,31 @@
 //! lock, and a writer's lock under which keys are added, idle keys dropped and
 //! the table rebuilt.
 //!
+//! The table is published through an [`ArcSwap`]: a check loads it without a
+//! lock and holds it (arc-swap's guard) until the check ends, so a table
+//! replaced under a check stays allocated until that check lets it go. No
+//! `unsafe` here: arc-swap keeps every guard's table alive.
+//!
 //! A rebuild makes a new table sized for the keys still live, copies the
-//! live ones, then publishes the new table; the old one is freed once no
-//! check can hold it (see `readers`). So memory follows the keys: a table is
-//! one allocation per array, and one that has emptied is handed back whole.
+//! live ones, then publishes the new table. So memory follows the keys: a
+//! table is one allocation per array, and one that has emptied is handed
+//! back whole.
 //!
 //! While it copies, no check may count in the old table, or its units would
 //! be lost. A rebuild first publishes the partition's *sealed* table, which
 //! holds no key and makes a check that loads it wait for the writer's lock
 //! and load again, then waits a few microseconds for the checks that may
-//! hold the old table to end. Once they have, the old table is the writer's
-//! alone: it reads each ring with one plain load and copies the live ones.
-//! If one is still running (descheduled mid-check), every ring is retired
-//! instead, with a compare-and-swap each (see `table`'s invariant), as a
-//! check that holds a retired ring looks again after the writer is done.
+//! hold the old table to let it go: once the rebuild holds the only
+//! reference (arc-swap turns every guard of a table swapped out into a
+//! reference of its own), the old table is the writer's alone, and it reads
+//! each ring with one plain load and copies the live ones. If a check still
+//! holds it (descheduled mid-check), every ring is retired instead, with a
+//! compare-and-swap each (see `table`'s invariant), as a check that holds a
+//! retired ring looks again after the writer is done.
+//!
+//! A table replaced while checks still hold it is kept by the writer until
+//! they have let it go, and freed by a later writer: a check never frees a
+//! table (for keys that own memory, a pass over all of them).
 //!
 //! Sizes: a table is full when every position is filled (tombstones count);
 //! a rebuild leaves room for a fifth more keys than it holds (as many again
@@ -23,21 +34,20 @@
 //! often); a sweep that leaves under 3 keys in 10 of the room live rebuilds
 //! the table smaller. Rebuilds keep the keys' order.
 
-use crate::readers::{self, Reading, Retired};
 use crate::ring::{self, Geometry, Head, Ring};
 use crate::table::{Table, MIN_CAPACITY};
 use crate::trim;
+use arc_swap::{ArcSwap, Guard};
 use std::hash::{BuildHasher, Hash};
-use std::marker::PhantomData;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Acquire, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicU64, Ordering::Acquire, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A table swapped out, until it is let go, and the bytes the swap gave up.
-/// They are counted for `trim` when `Retired` lets the table go, not at the
-/// swap: a table a check still holds stays resident until then, and a trim
-/// before it would miss its pages.
+/// They are counted for `trim` when it is let go, not at the swap: a table
+/// a check still holds stays resident until then, and a trim before it
+/// would miss its pages.
 struct Replaced<K, H: Head> {
-    _table: Arc<Table<K, H>>,
+    table: Arc<Table<K, H>>,
     gives_up: usize,
 }
 
@@ -46,6 +56,26 @@ impl<K, H: Head> Drop for Replaced<K, H> {
         trim::given_up(self.gives_up);
     }
 }
+
+/// Whether `table`, swapped out of its `ArcSwap`, is held by no one but the
+/// `ours` references the caller has. Once true it stays true (no check can
+/// load it again), and every write checks made through it is visible here.
+fn let_go<K, H: Head>(table: &Arc<Table<K, H>>, ours: usize) -> bool {
+    // arc-swap pays every guard's debt when the table is swapped out, so a
+    // guard that still holds it holds a strong count of its own.
+    if Arc::strong_count(table) > ours {
+        return false;
+    }
+    // The count read above was left by the last guard's release (a
+    // decrement with `Release`): this orders its checks' writes before ours.
+    fence(Acquire);
+    true
+}
+
+/// How long a rebuild waits for the checks holding the old table: a check
+/// takes well under a microsecond, so only one descheduled mid-check runs
+/// past this, and the rebuild then retires every ring instead.
+const SPINS: usize = 4096;
 
 /// The rings a sweep samples to choose between retiring idle rings in place
 /// and rebuilding the table.
@@ -63,54 +93,42 @@ struct Sealing<'p, K, H: Head> {
 
 impl<'p, K, H: Head> Sealing<'p, K, H> {
     /// Publish `partition`'s sealed table. For the writer's lock holder.
-    #[allow(unsafe_code)]
     fn new(partition: &'p Partition<K, H>) -> Self {
-        let sealed = Arc::into_raw(Arc::clone(&partition.sealed)).cast_mut();
-        let old = partition.table.swap(sealed, SeqCst);
-        // SAFETY: the pointer swapped out held one strong count (see
-        // `Partition::table`), which this now owns.
-        let old = unsafe { Arc::from_raw(old) };
+        let old = partition.table.swap(Arc::clone(&partition.sealed));
         Sealing {
             partition,
             old: Some(old),
         }
     }
 
+    /// The table the sealed one replaced.
+    fn old(&self) -> &Arc<Table<K, H>> {
+        self.old.as_ref().expect("held until published")
+    }
+
     /// Publish `new` in place of the sealed table; the table it replaced
     /// (checks may still hold it, unless they were waited for).
     fn publish(mut self, new: Arc<Table<K, H>>) -> Arc<Table<K, H>> {
-        self.swap_sealed_for(new);
+        self.partition.table.store(new);
         self.old.take().expect("published once")
-    }
-
-    #[allow(unsafe_code)]
-    fn swap_sealed_for(&self, table: Arc<Table<K, H>>) {
-        let table = Arc::into_raw(table).cast_mut();
-        let sealed = self.partition.table.swap(table, SeqCst);
-        debug_assert!(std::ptr::eq(sealed, Arc::as_ptr(&self.partition.sealed)));
-        // SAFETY: the pointer held one strong count of the sealed table,
-        // given up here while checks may still hold a reference to it: the
-        // partition's own `sealed` keeps it allocated as long as they can.
-        drop(unsafe { Arc::from_raw(sealed) });
     }
 }
 
 impl<K, H: Head> Drop for Sealing<'_, K, H> {
     fn drop(&mut self) {
         if let Some(old) = self.old.take() {
-            self.swap_sealed_for(old);
+            self.partition.table.store(old);
         }
     }
 }
 
 /// See the module docs.
 pub(crate) struct Partition<K, H: Head> {
-    /// The current table: one strong count of an `Arc`, turned into a pointer
-    /// (`Arc::into_raw`) so that a check loads it with one plain load.
-    table: AtomicPtr<Table<K, H>>,
+    /// The current table.
+    table: ArcSwap<Table<K, H>>,
     /// The writer's lock (adding keys, sweeping and replacing the table),
     /// with the tables replaced that a check may still hold.
-    writer: Mutex<Retired<Replaced<K, H>>>,
+    writer: Mutex<Vec<Replaced<K, H>>>,
     /// A table of no room, the table while the partition holds no key: a
     /// sweep that drops every key switches to it without allocating, so the
     /// memory it frees is not dotted with new small blocks (which would keep
@@ -122,23 +140,20 @@ pub(crate) struct Partition<K, H: Head> {
     /// lock is let go (see `Sealing`), so a check that holds the lock never
     /// loads it.
     sealed: Arc<Table<K, H>>,
-    /// Send and Sync as the `Arc`s it holds are.
-    _tables: PhantomData<Arc<Table<K, H>>>,
 }
 
 /// A check's view of a partition's table: the table stays allocated while
-/// this lives. Not `Send` (see [`Reading`]).
-pub(crate) struct TableRef<'p, K, H: Head> {
-    table: &'p Table<K, H>,
-    _reading: Reading,
+/// this lives.
+pub(crate) struct TableRef<K, H: Head> {
+    table: Guard<Arc<Table<K, H>>>,
 }
 
-impl<K, H: Head> std::ops::Deref for TableRef<'_, K, H> {
+impl<K, H: Head> std::ops::Deref for TableRef<K, H> {
     type Target = Table<K, H>;
 
     #[inline(always)]
     fn deref(&self) -> &Table<K, H> {
-        self.table
+        &self.table
     }
 }
 
@@ -168,13 +183,13 @@ fn shrinks(live: usize, capacity: usize) -> bool {
 }
 
 impl<K, H: Head> Partition<K, H> {
-    /// The table now, for a check: no lock, no locked instruction. While a
-    /// rebuild copies the table, once the rebuild is done.
+    /// The table now, for a check: no lock. While a rebuild copies the
+    /// table, once the rebuild is done.
     #[inline]
-    pub(crate) fn table(&self) -> TableRef<'_, K, H> {
+    pub(crate) fn table(&self) -> TableRef<K, H> {
         loop {
             let table = self.table_or_sealed();
-            if !std::ptr::eq(table.table, Arc::as_ptr(&self.sealed)) {
+            if !Arc::ptr_eq(&table.table, &self.sealed) {
                 return table;
             }
             drop(table);
@@ -187,23 +202,9 @@ impl<K, H: Head> Partition<K, H> {
     /// hold, so that a check that finds its key there pays nothing more, and
     /// one that does not looks again through [`table`](Self::table).
     #[inline(always)]
-    #[allow(unsafe_code)]
-    pub(crate) fn table_or_sealed(&self) -> TableRef<'_, K, H> {
-        let reading = Reading::enter();
-        let table = self.table.load(Acquire);
-        // SAFETY: `table` came from `Arc::into_raw` (in `new`, `replace` or
-        // `Sealing`), and the strong count it stands for is released only
-        // once every check that was running when the pointer was swapped out
-        // has ended (through `Retired`, or after `wait_for_running_checks`
-        // in a rebuild; `readers`' invariant), this one included: `reading`
-        // started before the load and outlives the reference. The sealed
-        // table's count is released at once, as `sealed` keeps it allocated
-        // while the partition lives. Tested by `readers`' tests, the
-        // partition's tests of rebuilds under a check, and the stress test of
-        // moves under racing checks.
+    pub(crate) fn table_or_sealed(&self) -> TableRef<K, H> {
         TableRef {
-            table: unsafe { &*table },
-            _reading: reading,
+            table: self.table.load(),
         }
     }
 
@@ -220,32 +221,21 @@ impl<K, H: Head> Partition<K, H> {
     }
 }
 
-impl<K, H: Head> Drop for Partition<K, H> {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        // SAFETY: the pointer holds one strong count (see `table`), and no
-        // check runs on a partition being dropped (they borrow it).
-        drop(unsafe { Arc::from_raw(*self.table.get_mut()) });
-    }
-}
-
 impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
     pub(crate) fn new(ring_len: usize) -> Partition<K, H> {
-        readers::init();
         let empty = Arc::new(Table::new(0, ring_len));
         Partition {
-            table: AtomicPtr::new(Arc::into_raw(Arc::clone(&empty)).cast_mut()),
-            writer: Mutex::new(Retired::default()),
+            table: ArcSwap::new(Arc::clone(&empty)),
+            writer: Mutex::new(Vec::new()),
             empty,
             sealed: Arc::new(Table::new(0, ring_len)),
-            _tables: PhantomData,
         }
     }
 
     /// Wait for the writer's lock, then hold it.
     pub(crate) fn write(&self) -> Writing<'_, K, H> {
         // A poisoned lock is as good as any: a panic leaves the table as a
-        // whole, published or not, and the list of retired tables a list.
+        // whole, published or not, and the list of replaced tables a list.
         self.writing(self.writer.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -260,25 +250,18 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
         Some(self.writing(writer))
     }
 
-    /// The lock `writer`, held, with the table it may change: the current
-    /// one, as only the lock's holder replaces it.
-    #[allow(unsafe_code)]
+    /// The lock `replaced`, held, with the table it may change: the current
+    /// one, as only the lock's holder replaces it. Frees the replaced
+    /// tables that checks have let go since.
     fn writing<'p>(
         &'p self,
-        retired: MutexGuard<'p, Retired<Replaced<K, H>>>,
+        mut replaced: MutexGuard<'p, Vec<Replaced<K, H>>>,
     ) -> Writing<'p, K, H> {
-        let table = self.table.load(Acquire);
-        // SAFETY: the pointer holds one strong count (see `table`), which
-        // only the lock's holder gives up (in `replace`): this adds one of
-        // our own while it is still held.
-        let table = unsafe {
-            Arc::increment_strong_count(table);
-            Arc::from_raw(table)
-        };
+        replaced.retain(|old| !let_go(&old.table, 1));
         Writing {
             partition: self,
-            table,
-            retired,
+            table: self.table.load_full(),
+            replaced,
         }
     }
 
@@ -328,7 +311,7 @@ impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
 pub(crate) struct Writing<'p, K, H: Head> {
     partition: &'p Partition<K, H>,
     table: Arc<Table<K, H>>,
-    retired: MutexGuard<'p, Retired<Replaced<K, H>>>,
+    replaced: MutexGuard<'p, Vec<Replaced<K, H>>>,
 }
 
 impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
@@ -381,7 +364,6 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
     /// retired rings with one load each); or, when a sample says few would
     /// be left, rebuild it at once. How many.
     pub(crate) fn sweep<S: BuildHasher>(&mut self, g: &Geometry, now: u64, hasher: &S) -> usize {
-        self.retired.collect();
         if self.looks_mostly_idle(g, now) {
             // The rebuild the pass below would end with, without the pass.
             return self.rebuild(g, now, hasher, 0);
@@ -448,11 +430,16 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         hasher: &S,
         extra: usize,
     ) -> usize {
-        let old = Arc::clone(&self.table);
         let sealing = Sealing::new(self.partition);
         // Every check that loads the old table from now on waits; once those
-        // that hold it have ended, its rings no longer change.
-        let alone = readers::wait_for_running_checks();
+        // that hold it have let it go, its rings no longer change. Ours: the
+        // sealing's and this writer's.
+        let old = Arc::clone(sealing.old());
+        let alone = old.len() == 0
+            || (0..SPINS).any(|_| {
+                std::hint::spin_loop();
+                let_go(&old, 3)
+            });
         #[cfg(all(test, not(tsw_loom)))]
         tests::REBUILDS[usize::from(alone)].fetch_add(1, SeqCst);
         let mut live = Vec::new();
@@ -494,16 +481,25 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         let gives_up = old.bytes().saturating_sub(new.bytes());
         drop(old);
         let replaced = Replaced {
-            _table: sealing.publish(Arc::clone(&new)),
+            table: sealing.publish(Arc::clone(&new)),
             gives_up,
         };
         self.table = new;
         if !alone {
-            self.retired.retire(replaced);
+            self.keep_until_let_go(replaced);
         }
         // Else no check holds the old table and none can load it again: it
         // goes here, and counts for a trim as it goes.
         dropped
+    }
+
+    /// Keep `replaced` until the checks that may hold it have let it go,
+    /// or drop it now if they have (or it is the partition's empty table,
+    /// which the partition keeps anyway).
+    fn keep_until_let_go(&mut self, replaced: Replaced<K, H>) {
+        if !Arc::ptr_eq(&replaced.table, &self.partition.empty) && !let_go(&replaced.table, 1) {
+            self.replaced.push(replaced);
+        }
     }
 
     /// Publish `new` as the partition's table.
@@ -511,18 +507,13 @@ impl<K: Hash + Eq + Clone, H: Head> Writing<'_, K, H> {
         // Memory given up (a table grown gives up none: the next growth
         // reuses what it frees), for the allocator to be asked to return.
         let gives_up = self.table.bytes().saturating_sub(new.bytes());
-        let new_ptr = Arc::into_raw(Arc::clone(&new)).cast_mut();
-        let old = self.partition.table.swap(new_ptr, SeqCst);
-        // SAFETY: the pointer swapped out held one strong count (see
-        // `Partition::table`); `Retired` keeps it until no check can hold the
-        // table.
-        #[allow(unsafe_code)]
-        let old = unsafe { Arc::from_raw(old) };
-        self.retired.retire(Replaced {
-            _table: old,
+        let old = self.partition.table.swap(Arc::clone(&new));
+        self.table = new;
+        // Kept while a check may hold it: freed by a later writer.
+        self.keep_until_let_go(Replaced {
+            table: old,
             gives_up,
         });
-        self.table = new;
     }
 }
 
@@ -662,27 +653,20 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_rebuild_with_no_check_running_reads_the_old_table_and_leaves_it_untouched() {
+    fn a_rebuild_with_no_check_running_copies_the_old_table_and_frees_it_at_once() {
         let (p, g, h) = one_live_key();
-        let old = Arc::clone(&p.write().table);
+        let old = Arc::downgrade(&p.write().table);
+        let bytes = p.table().bytes();
         let counted = trim::tests::given_up_by_this_thread();
-        // Few live: the sweep rebuilds at once.
+        // Few live: the sweep rebuilds at once. No check holds the table, so
+        // the rebuild reads its rings as they are (no retirement) and frees
+        // it before it returns, counted for a trim as it goes.
         assert_eq!(p.write().sweep(&g, 2_500 * MS, &h), 99);
+        assert!(old.upgrade().is_none(), "the old table is kept");
         let counted = trim::tests::given_up_by_this_thread() - counted;
+        assert_eq!(counted, bytes - p.table().bytes());
         assert_eq!(used(&p, &g, &h, 7, 2_500 * MS), Some(1));
         assert_eq!(p.table().len(), 1);
-        // Other tests' threads, descheduled mid-check, may have made this
-        // rebuild wait in vain and retire every ring: then it is not this
-        // path, and nothing is asserted of the old table.
-        let retired = old
-            .positions()
-            .filter(|&i| old.ring(i).is_retired())
-            .count();
-        assert!(retired == 0 || retired == 100, "{retired} retired");
-        if retired == 0 {
-            // Let go at once, so counted for a trim at once.
-            assert_eq!(counted, old.bytes() - p.table().bytes(), "not counted");
-        }
     }
 
     #[test]
@@ -749,8 +733,7 @@ pub(crate) mod tests {
         }));
         PANIC.store(false, SeqCst);
         assert!(rebuild.is_err(), "the rebuild cloned no key");
-        let table = p.table.load(Acquire);
-        assert!(!std::ptr::eq(table, Arc::as_ptr(&p.sealed)), "left sealed");
+        assert!(!Arc::ptr_eq(&p.table.load(), &p.sealed), "left sealed");
         // The keys are there, as before the rebuild (their rings retired if
         // the rebuild found a check of another test's running).
         let table = p.table();

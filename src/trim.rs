@@ -12,12 +12,15 @@
 //! keeps the flood's high-water mark as its resident set.
 //!
 //! So the limiter counts the table memory it gives up (a table rebuilt
-//! smaller, once no check holds the old one; a limiter dropped) and, at the end of a sweep round, once at
-//! least [`TRIM_AFTER_ROUND`] has been given up since the last time (or
-//! [`TRIM_AFTER`] within a round), asks glibc to return its free memory:
+//! smaller, once no check holds the old one; a limiter dropped) and, in the
+//! places a user opts into (the background sweeper's rounds, on tokio's
+//! blocking pool, and [`Limiter::evict_idle`](crate::Limiter::evict_idle)),
+//! once at least [`TRIM_AFTER_ROUND`] has been given up since the last time
+//! (or [`TRIM_AFTER`] within a round), asks glibc to return its free memory:
 //! `malloc_trim(0)`, which releases the free pages inside the heap as well as
-//! at its top. It takes a few milliseconds on a heap of hundreds of MiB, with
-//! glibc's arena locks held in turn, and runs only after large evictions.
+//! at its top. It takes milliseconds on a heap of hundreds of MiB, with
+//! glibc's arena locks held in turn, and runs only after large evictions. A
+//! check never trims: it is process-wide work no request should wait for.
 //! Elsewhere (another C library) this counts and does nothing else.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -45,6 +48,17 @@ pub(crate) fn trim_if(at_least: usize) -> bool {
     }
     release_free_memory();
     true
+}
+
+/// [`trim_if`] on tokio's blocking pool, for the background sweeper: the
+/// trim takes milliseconds on a large heap, which must not hold up the
+/// tasks of the worker the sweeper runs on.
+pub(crate) async fn trim_off_worker_if(at_least: usize) {
+    if take_if(&GIVEN_UP, at_least) {
+        // A trim that cannot run (a runtime shutting down) is skipped: the
+        // memory stays with the allocator, as before any trim.
+        let _ = tokio::task::spawn_blocking(release_free_memory).await;
+    }
 }
 
 /// If `count` holds at least `at_least`, start it over at 0: true if this
