@@ -1,0 +1,171 @@
+//! A check: the key's ring when it has one (the common case, inline), else
+//! the slow path (a new key, a retired ring, the cap), and what a check
+//! reads without counting (peek, the window for the wait queues).
+
+use super::state::{Lookup, State};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::partition::Slot;
+use crate::ring::{Geometry, Head, WindowSnapshot};
+use std::hash::Hash;
+use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
+
+impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
+    /// Inline: into [`Limiter::check_n`], so the handle's geometry is read at
+    /// an offset from the handle, not kept as one more pointer through the
+    /// check.
+    #[inline]
+    pub(super) fn check_n(&self, g: &Geometry, key: &K, cost: u32) -> Decision {
+        let now = self.now();
+        let decision = self.decide(g, key, cost, now);
+        self.counters.record(decision.is_allowed());
+        self.maybe_sweep(now);
+        decision
+    }
+
+    pub(super) fn peek(&self, g: &Geometry, key: &K, cost: u32) -> Decision {
+        let now = self.now();
+        let fits = if cost > g.limit() { 0 } else { cost };
+        let decision = self.with_ring(key, |ring| match ring {
+            Ok(ring) => ring.peek(g, now, fits),
+            Err(key) => self.peek_untracked(g, key, now, fits),
+        });
+        if cost > g.limit() {
+            let mut exceeds =
+                Decision::cost_exceeds_limit(g.limit(), decision.remaining(), decision.reset());
+            exceeds.overflow = decision.overflow;
+            exceeds
+        } else {
+            decision
+        }
+    }
+
+    pub(super) fn undo(&self, key: &K, decision: &Decision) {
+        // Undo reads only the shape (the slot's age), not the limit.
+        let g = &self.shape;
+        if decision.overflow {
+            self.overflow.ring().undo(g, decision);
+        } else {
+            self.with_ring(key, |ring| {
+                if let Ok(ring) = ring {
+                    ring.undo(g, decision);
+                }
+            });
+        }
+    }
+
+    pub(super) fn window_snapshot(&self, g: &Geometry, key: &K) -> WindowSnapshot {
+        let now = self.now();
+        let (slot, counts) = self.with_ring(key, |ring| match ring {
+            Ok(ring) => ring.counts_by_age(g, now),
+            Err(key) => {
+                let start = now.max(self.swept_at.load(SeqCst));
+                if self.keys.load(Relaxed) >= self.max_keys
+                    || g.slot(start) < self.overflow_mark(key)
+                {
+                    self.overflow.ring().counts_by_age(g, start)
+                } else {
+                    (g.slot(start), vec![0; g.buckets() as usize + 1])
+                }
+            }
+        });
+        WindowSnapshot {
+            geometry: *g,
+            now,
+            slot,
+            counts,
+        }
+    }
+
+    pub(super) fn is_current(&self, decision: &Decision) -> bool {
+        decision.slot >= self.shape.slot(self.now())
+    }
+
+    /// The common case inline (a tracked key whose ring decides at once); every
+    /// other case out of line, so the common one carries none of their weight.
+    #[inline(always)]
+    pub(super) fn decide(&self, g: &Geometry, key: &K, cost: u32, now: u64) -> Decision {
+        if let Some(ring) = self.single() {
+            if cost > g.limit() {
+                return self.peek(g, key, cost);
+            }
+            return ring.acquire(g, now, cost);
+        }
+        let key = self.lookup(key);
+        if cost <= g.limit() {
+            let table = self.partition(&key).table_or_sealed();
+            if let Some(i) = table.find(key.hash, key.key) {
+                if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
+                    return decision;
+                }
+            }
+        }
+        self.decide_rest(g, key, cost, now)
+    }
+
+    /// [`decide`](Self::decide) in full: costs above the limit, new keys,
+    /// retired rings (dropped, or moving to a rebuilt table), the cap and the
+    /// overflow ring.
+    #[inline(never)]
+    pub(super) fn decide_rest(
+        &self,
+        g: &Geometry,
+        key: Lookup<'_, K>,
+        cost: u32,
+        now: u64,
+    ) -> Decision {
+        if cost > g.limit() {
+            return self.peek(g, key.key, cost);
+        }
+        let partition = self.partition(&key);
+        loop {
+            {
+                let table = partition.table();
+                if let Some(i) = table.find(key.hash, key.key) {
+                    if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
+                        return decision;
+                    }
+                    // Retired: dropped by a sweep, or being moved by a rebuild.
+                    // Once the writer is done, a moved ring is in the table.
+                    drop(table);
+                    if let Slot::Live(_) = partition.write().find(key.hash, key.key) {
+                        continue;
+                    }
+                }
+            }
+            if !self.reserve_key(now) {
+                break;
+            }
+            let mut writing = partition.write();
+            let slot = writing.find(key.hash, key.key);
+            if let Slot::Live(_) = slot {
+                // Another check tracked it first: give the reservation back.
+                self.keys.fetch_sub(1, Relaxed);
+                continue;
+            }
+            // A sweep publishes `swept_at` before it retires a ring, and under
+            // the writer's lock, so this reads the newest relevant one.
+            let start = now.max(self.swept_at.load(SeqCst));
+            // While the overflow ring may hold this key's units, an empty ring
+            // would let the key through twice: start from a copy of the overflow
+            // ring's counts, taken after the mark was read, so it holds them.
+            let (s, counts) = if g.slot(start) < self.overflow_mark(&key) {
+                self.overflow.ring().counts_by_age(g, start)
+            } else {
+                (g.slot(start), Vec::new())
+            };
+            match slot {
+                Slot::Retired(i) => writing.revive(i, g, s, &counts),
+                _ => {
+                    let init = (g, s, &counts[..]);
+                    let (hasher, swept_at) = (&self.hasher, &self.swept_at);
+                    let dropped =
+                        writing.insert(key.hash, key.key.clone(), init, now, hasher, swept_at);
+                    self.count_evicted(dropped);
+                }
+            }
+        }
+        self.overflowed.fetch_add(1, Relaxed);
+        self.decide_at_cap(g, &key, cost, now)
+    }
+}
