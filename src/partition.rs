@@ -222,13 +222,16 @@ impl<K, H: Head> Partition<K, H> {
 }
 
 impl<K: Hash + Eq + Clone, H: Head> Partition<K, H> {
-    pub(crate) fn new(ring_len: usize) -> Partition<K, H> {
-        let empty = Arc::new(Table::new(0, ring_len));
+    /// A partition of no keys. `empty` and `sealed` are tables of no room,
+    /// distinct, that the partitions of a limiter share (see the fields).
+    pub(crate) fn new(empty: &Arc<Table<K, H>>, sealed: &Arc<Table<K, H>>) -> Partition<K, H> {
+        debug_assert!(empty.capacity() == 0 && sealed.capacity() == 0);
+        debug_assert!(!Arc::ptr_eq(empty, sealed));
         Partition {
-            table: ArcSwap::new(Arc::clone(&empty)),
+            table: ArcSwap::new(Arc::clone(empty)),
             writer: Mutex::new(Vec::new()),
-            empty,
-            sealed: Arc::new(Table::new(0, ring_len)),
+            empty: Arc::clone(empty),
+            sealed: Arc::clone(sealed),
         }
     }
 
@@ -531,13 +534,19 @@ pub(crate) mod tests {
     pub(crate) static REBUILDS: [std::sync::atomic::AtomicUsize; 2] =
         [const { std::sync::atomic::AtomicUsize::new(0) }; 2];
 
+    /// A partition of its own tables of no room.
+    pub(crate) fn partition<K: Hash + Eq + Clone, H: Head>(g: &Geometry) -> Partition<K, H> {
+        let (empty, sealed) = (Table::new(0, g.ring_len()), Table::new(0, g.ring_len()));
+        Partition::new(&Arc::new(empty), &Arc::new(sealed))
+    }
+
     fn setup() -> (
         Partition<u64, Compact>,
         Geometry,
         foldhash::fast::RandomState,
     ) {
         let g = Geometry::new(&Policy::per(3, Duration::from_secs(1)).unwrap());
-        (Partition::new(g.ring_len()), g, Default::default())
+        (partition(&g), g, Default::default())
     }
 
     fn track(
@@ -712,7 +721,7 @@ pub(crate) mod tests {
     fn a_rebuild_that_panics_puts_the_old_table_back() {
         let g = Geometry::new(&Policy::per(3, Duration::from_secs(1)).unwrap());
         let h = foldhash::fast::RandomState::default();
-        let p: Partition<Brittle, Compact> = Partition::new(g.ring_len());
+        let p: Partition<Brittle, Compact> = partition(&g);
         let swept_at = AtomicU64::new(0);
         let mut k = 0;
         // Insert until the table is full: the next insert rebuilds it.

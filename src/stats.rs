@@ -22,9 +22,12 @@ struct Stripe {
     rejected: AtomicU64,
 }
 
+/// A limiter's admitted and rejected counts, a stripe per thread. The
+/// stripes (4 KiB) are made at the first count, so that a limiter never
+/// checked (a tier nobody is in) costs a word.
 #[derive(Default)]
 pub(crate) struct Counters {
-    stripes: [Stripe; OWNED_STRIPES + 1],
+    stripes: std::sync::OnceLock<Box<[Stripe; OWNED_STRIPES + 1]>>,
 }
 
 /// This thread's claim on a stripe, given back when the thread exits.
@@ -68,7 +71,7 @@ impl Counters {
     #[inline]
     pub(crate) fn record(&self, admitted: bool) {
         let index = stripe_index();
-        let stripe = &self.stripes[index];
+        let stripe = &self.stripes.get_or_init(Box::default)[index];
         let counter = if admitted {
             &stripe.admitted
         } else {
@@ -83,7 +86,10 @@ impl Counters {
     }
 
     pub(crate) fn totals(&self) -> (u64, u64) {
-        self.stripes.iter().fold((0, 0), |(a, r), s| {
+        let Some(stripes) = self.stripes.get() else {
+            return (0, 0);
+        };
+        stripes.iter().fold((0, 0), |(a, r), s| {
             (a + s.admitted.load(Relaxed), r + s.rejected.load(Relaxed))
         })
     }

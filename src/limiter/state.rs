@@ -9,7 +9,7 @@ use crate::partition::Partition;
 use crate::policy::Policy;
 use crate::ring::{Geometry, Head, OwnedRing, Ring};
 use crate::stats::{Counters, LimiterStats};
-use crate::table::{KeyHasher, MAX_CAPACITY};
+use crate::table::{KeyHasher, Table, MAX_CAPACITY};
 use crate::trim;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -127,12 +127,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
                 .next_power_of_two()
                 .clamp(1, MAX_PARTITIONS)
         };
+        // Tables of no room, shared by the partitions.
+        let (empty, sealed) = (
+            Arc::new(Table::new(0, shape.ring_len())),
+            Arc::new(Table::new(0, shape.ring_len())),
+        );
         State {
             overflow: OwnedRing::new(&shape, now),
             shape,
             hasher: Hasher::default(),
             partitions: (0..partitions)
-                .map(|_| Partition::new(shape.ring_len()))
+                .map(|_| Partition::new(&empty, &sealed))
                 .collect(),
             keys: AtomicUsize::new(single.is_some().into()),
             single,
