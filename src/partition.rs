@@ -29,10 +29,9 @@
 //! table (for keys that own memory, a pass over all of them).
 //!
 //! Sizes: a table is full when every position is filled (tombstones count);
-//! a rebuild leaves room for a fifth more keys than it holds (as many again
-//! while it is small, where memory hardly matters and rebuilds would come
-//! often); a sweep that leaves under 3 keys in 10 of the room live rebuilds
-//! the table smaller. Rebuilds keep the keys' order.
+//! a rebuild leaves room for a fifth more keys than it holds (at least 8); a
+//! sweep that leaves under 3 keys in 10 of the room live rebuilds the table
+//! smaller. Rebuilds keep the keys' order.
 
 use crate::ring::{self, Geometry, Head, Ring};
 use crate::table::{Table, MIN_CAPACITY};
@@ -167,13 +166,11 @@ pub(crate) enum Slot {
     Absent,
 }
 
-/// The room a table holding `keys` keys gets when it is rebuilt (none for none).
+/// The room a table holding `keys` keys gets when it is rebuilt (none for
+/// none): a fifth more, at least [`MIN_CAPACITY`] (`Table::new`). A small
+/// table grows often, but each growth copies few keys.
 fn capacity_for(keys: usize) -> usize {
-    if keys < 48 {
-        keys * 2
-    } else {
-        keys + keys.div_ceil(5)
-    }
+    keys + keys.div_ceil(5)
 }
 
 /// Whether a table with room for `capacity` keys, `live` of them live, is

@@ -63,7 +63,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
         self.swept_at.store(now.max(swept), SeqCst);
         let mut tracked = 0;
         let mut too_large = None;
-        for partition in old.partitions.iter() {
+        for partition in old.partitions().iter() {
             partition.for_each(|key, ring| {
                 let carried = carried::<H1, H>(&self.shape, old_shape, ring, old_now, now);
                 let Some((s, counts)) = carried.unwrap_or_else(|e| {
@@ -73,7 +73,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
                     return;
                 };
                 let key = self.lookup(key);
-                let mut writing = self.partition(&key).write();
+                let mut writing = self.partition_to_add(&key).write();
                 if writing.find(key.hash, key.key) == Slot::Absent {
                     let init = (&self.shape, s, &counts[..]);
                     // Every ring inserted here holds units: none is idle.

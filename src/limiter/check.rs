@@ -92,8 +92,8 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
             return ring.acquire(g, now, cost);
         }
         let key = self.lookup(key);
-        if cost <= g.limit() {
-            let table = self.partition(&key).table_or_sealed();
+        if let (true, Some(partition)) = (cost <= g.limit(), self.partition(&key)) {
+            let table = partition.table_or_sealed();
             if let Some(i) = table.find(key.hash, key.key) {
                 if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
                     return decision;
@@ -117,7 +117,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         if cost > g.limit() {
             return self.peek(g, key.key, cost);
         }
-        let partition = self.partition(&key);
+        let partition = self.partition_to_add(&key);
         loop {
             {
                 let table = partition.table();

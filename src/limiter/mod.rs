@@ -24,6 +24,8 @@ use crate::error::ConfigError;
 use crate::policy::Policy;
 use crate::ring::{Compact, Geometry, Head, Wide, WindowSnapshot};
 use crate::stats::{KeyUsage, LimiterStats};
+#[cfg(all(test, not(tsw_loom)))]
+pub(crate) use state::KEYS_PER_PARTITION;
 use state::{State, SweepPlan};
 use std::hash::Hash;
 use std::sync::atomic::Ordering::Relaxed;
@@ -36,10 +38,11 @@ use sweep::Sweeper;
 /// Each key owns a lock-free ring of sub-window counters (see [`Policy`] and
 /// [`Precision`](crate::Precision) for the guarantee). Keys are created on first
 /// use and dropped once idle (all their buckets expired), by the limiter itself:
-/// one check per bucket width sweeps one partition of the map, so no request ever
-/// pays for a full sweep. Checks alone leave idle keys in place once traffic
-/// stops: after a flood of one-off keys, the last of them waits for as many
-/// later bucket widths with a check as there are partitions (up to 256).
+/// now and then a check sweeps one partition of the map (at most 512 keys of
+/// the cap), often enough for checks to go round every partition in 32 bucket
+/// widths, so no request ever pays for a full sweep. Checks alone leave idle
+/// keys in place once traffic stops: after a flood of one-off keys, the last
+/// of them waits for later checks to come round to its partition.
 /// [`LimiterBuilder::sweep_idle`] adds a tokio task that sweeps every
 /// partition once per bucket width, so idle keys are gone within a window and
 /// a bucket of their last use, with no traffic at all. A key type with one
@@ -63,12 +66,14 @@ use sweep::Sweeper;
 /// **Memory:** keys live in a few large tables, each key's ring inline, with
 /// no allocation per key: about 98 bytes of heap per tracked u64 key (107
 /// for an `IpAddr`) with the default 15 buckets and a limit up to 65 535
-/// (94 MiB for 1M keys), twice the bucket bytes for larger limits, and a few
-/// KiB for an empty limiter. Tables shrink as their keys are dropped, and go
-/// back to the allocator whole; under glibc's malloc the limiter then asks
-/// for the memory to go back to the system too, so RSS falls after a flood
-/// without help from the application. The [memory guide](crate::guide::memory)
-/// has figures and what we recommend.
+/// (94 MiB for 1M keys), twice the bucket bytes for larger limits; under a
+/// KiB for a limiter that has not tracked a key yet, and about 20 KiB more
+/// at the default cap once it has (its partitions). Tables shrink as their
+/// keys are dropped, and go back to the allocator whole; with
+/// [`LimiterBuilder::sweep_idle`] (or [`evict_idle`](Limiter::evict_idle))
+/// under glibc's malloc the limiter then asks for the memory to go back to
+/// the system too, so RSS falls after a flood. The
+/// [memory guide](crate::guide::memory) has what we recommend.
 ///
 /// **Time:** by default a limiter reads an [`AutoClock`], chosen when it is built:
 /// tokio's clock inside a paused tokio runtime (tests drive it with
@@ -177,8 +182,7 @@ impl<C> LimiterBuilder<C> {
     }
 
     /// The most keys tracked at once (default [`Limiter::DEFAULT_MAX_KEYS`]).
-    /// A cap above 4 294 967 040 (about 2^32 keys, some 400 GB of memory) is
-    /// taken as that.
+    /// A cap above 2^32 keys (some 400 GB of memory) is taken as that.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -189,12 +193,14 @@ impl<C> LimiterBuilder<C> {
     /// [`sweep_idle_every`](Self::sweep_idle_every), which this calls with the
     /// bucket width. Off by default.
     ///
-    /// Checks sweep by themselves, one partition per bucket width, so they
-    /// keep up with a steady stream of keys; but keys left by a flood with no
-    /// traffic after it stay until later checks (or [`Limiter::evict_idle`])
-    /// reach them. With this, a key is gone within a window and a bucket of its
+    /// Checks sweep by themselves, a partition at a time, so they keep up
+    /// with a steady stream of keys; but keys left by a flood with no traffic
+    /// after it stay until later checks (or [`Limiter::evict_idle`]) reach
+    /// them. With this, a key is gone within a window and a bucket of its
     /// last check (plus tokio's 1 ms timer tick, and the coarse clock's tick
-    /// where the limiter reads it), whatever the traffic.
+    /// where the limiter reads it), whatever the traffic; and under glibc's
+    /// malloc the memory of the tables it drops goes back to the system (the
+    /// [memory guide](crate::guide::memory)).
     ///
     /// ```
     /// use std::time::Duration;
@@ -229,13 +235,10 @@ impl<C> LimiterBuilder<C> {
     /// Each round visits every partition of the map in turn (as
     /// [`Limiter::evict_idle`] does) and yields to the runtime between
     /// partitions, so a round never holds a worker for longer than one
-    /// partition's sweep (about 1/256 of the keys at a cap of 1M; fewer keys
-    /// per partition at lower caps). A round visits every tracked key, idle or
-    /// not, so its cost grows with the keys tracked: at one round per bucket of
-    /// 66.7 ms, about 1% of a core with 100 000 keys and over half a core with
-    /// 1M (see the [memory guide](crate::guide::memory)); a cap of millions
-    /// wants a longer period. A sweep never evicts a key that holds units in
-    /// its window.
+    /// partition's sweep (at most 512 keys of the cap). A round visits every
+    /// tracked key, idle or not, so its cost grows with the keys tracked: a
+    /// cap of millions with narrow buckets wants a longer period. A sweep
+    /// never evicts a key that holds units in its window.
     ///
     /// **Time:** rounds fall on tokio's clock, every `every`; whether a key is
     /// idle is judged by the limiter's clock, read at each partition. The two
@@ -626,7 +629,7 @@ impl<K: Hash + Eq + Clone, C> Limiter<K, C> {
     /// Where each partition's table is now (a new address after a rebuild).
     pub(crate) fn table_addresses(&self) -> Vec<usize> {
         with_state!(&self.state, state => state
-            .partitions
+            .partitions()
             .iter()
             .map(|p| std::ptr::from_ref::<crate::table::Table<_, _>>(&p.table()) as usize)
             .collect())

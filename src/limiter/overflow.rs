@@ -45,7 +45,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         if let Some(stall) = self.stall_at_cap.lock().unwrap().take() {
             stall();
         }
-        let writing = self.partition(key).write();
+        let writing = self.partition_to_add(key).write();
         if let Slot::Live(i) = writing.find(key.hash, key.key) {
             // Tracked meanwhile: the key's own ring decides, and it cannot
             // be retired while the lock is held.

@@ -28,19 +28,25 @@ pub(super) struct Lookup<'k, K> {
     pub(super) key: &'k K,
 }
 
-/// Where the partition index starts in a key's hash (see `Lookup`).
-pub(super) const PARTITION_SHIFT: u32 = 48;
+/// Where the partition index starts in a key's hash (see `Lookup`): above the
+/// overflow mark's bits, below the table's tag.
+pub(super) const PARTITION_SHIFT: u32 = 42;
 
-/// Entries per partition the map is sized for: one eviction step sweeps one
-/// partition, so this bounds the work a single request can be asked to do, up
-/// to `MAX_PARTITIONS` partitions (a cap of 1M keys). Beyond, a partition holds
-/// a 256th of the cap.
-pub(super) const KEYS_PER_PARTITION: usize = 4096;
-pub(super) const MAX_PARTITIONS: usize = 256;
+/// Keys per partition the map is sized for. Everything a check may be asked
+/// to do beyond its own key is one partition's worth: a sweep step, a table
+/// rebuilt to grow, a wait for another key's writer. So this bounds the
+/// slowest check (a rebuild of 512 keys takes tens of microseconds), up to
+/// `MAX_PARTITIONS` partitions (a cap of 1M keys). Beyond, a partition holds
+/// a 2048th of the cap.
+pub(crate) const KEYS_PER_PARTITION: usize = 512;
+pub(super) const MAX_PARTITIONS: usize = 2048;
+/// Bucket widths in which checks alone go round every partition (at most
+/// one partition a bucket width below that many partitions).
+pub(super) const SWEEP_ROUND_BUCKETS: usize = 32;
 /// The highest cap (about 2^32 keys, some 400 GB of them): a partition's
-/// share of it stays at half the most keys a table can hold, far beyond
-/// what uneven partitions can add, so a table never has to grow past that.
-pub(super) const MAX_KEYS: usize = MAX_PARTITIONS * (MAX_CAPACITY / 2);
+/// share of it stays far below the most keys a table can hold, whatever
+/// uneven partitions add, so a table never has to grow past that.
+pub(super) const MAX_KEYS: usize = MAX_PARTITIONS * (MAX_CAPACITY / 16);
 
 /// A limiter's keys, rings and settings, behind the [`Limiter`] handle, its
 /// rings in layout `H`.
@@ -56,7 +62,14 @@ pub(super) struct State<K, C, H: Head> {
     /// change of window or buckets makes.
     pub(super) sweep: Option<SweepPlan>,
     pub(super) hasher: Hasher,
-    pub(super) partitions: Box<[Partition<K, H>]>,
+    /// How many partitions the keys are cut into: a power of two.
+    pub(super) partition_count: usize,
+    /// The partitions, made at the first key (most of an empty limiter's
+    /// memory otherwise: a tier nobody is in).
+    pub(super) partitions: OnceLock<Box<[Partition<K, H>]>>,
+    /// Tables of no room, which the partitions share (see `Partition::new`).
+    pub(super) empty_table: Arc<Table<K, H>>,
+    pub(super) sealed_table: Arc<Table<K, H>>,
     pub(super) overflow: OwnedRing<H>,
     /// The one ring of a key type with a single value (zero-sized: the global
     /// key `()`), kept outside the map: its check neither hashes nor looks up.
@@ -67,6 +80,11 @@ pub(super) struct State<K, C, H: Head> {
     /// Start (in clock nanoseconds) of the slot at which the next sweep step is
     /// due: kept in nanoseconds so the per-check test needs no division.
     pub(super) next_sweep_at: AtomicU64,
+    /// How often checks sweep a partition (`next_sweep_at`, `full_sweep_at`):
+    /// once per bucket width, or more often with many partitions, so that
+    /// checks go round them all in [`SWEEP_ROUND_BUCKETS`] bucket widths
+    /// while each sweeps only one.
+    pub(super) sweep_period: u64,
     /// Like `next_sweep_at`, for the sweep a new key makes at the cap.
     pub(super) full_sweep_at: AtomicU64,
     /// `first_in_bucket` fires while `now - due` (mod 2^64) is below this:
@@ -118,31 +136,31 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
         now: u64,
     ) -> State<K, C, H> {
         let max_keys = max_keys.min(MAX_KEYS);
-        let next_sweep_at = next_slot_start(now, shape.width());
         let single = (std::mem::size_of::<K>() == 0).then(|| OwnedRing::new(&shape, now));
-        let partitions = if single.is_some() {
+        let partition_count = if single.is_some() {
             1
         } else {
             (max_keys / KEYS_PER_PARTITION)
                 .next_power_of_two()
                 .clamp(1, MAX_PARTITIONS)
         };
-        // Tables of no room, shared by the partitions.
-        let (empty, sealed) = (
-            Arc::new(Table::new(0, shape.ring_len())),
-            Arc::new(Table::new(0, shape.ring_len())),
-        );
+        let sweep_period = shape.width() / (partition_count / SWEEP_ROUND_BUCKETS).max(1) as u64;
+        let sweep_period = sweep_period.max(1);
+        let next_sweep_at = next_slot_start(now, sweep_period);
+
         State {
             overflow: OwnedRing::new(&shape, now),
             shape,
             hasher: Hasher::default(),
-            partitions: (0..partitions)
-                .map(|_| Partition::new(&empty, &sealed))
-                .collect(),
+            partition_count,
+            partitions: OnceLock::new(),
+            empty_table: Arc::new(Table::new(0, shape.ring_len())),
+            sealed_table: Arc::new(Table::new(0, shape.ring_len())),
             keys: AtomicUsize::new(single.is_some().into()),
             single,
             max_keys,
             next_sweep_at: AtomicU64::new(next_sweep_at),
+            sweep_period,
             full_sweep_at: AtomicU64::new(0),
             due_or_set_back: ((shape.span_slots() + 1) * shape.width()).wrapping_neg(),
             sweep_cursor: AtomicUsize::new(0),
@@ -188,10 +206,23 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         }
     }
 
+    /// `key`'s partition, if the partitions are made (none holds a key before).
     #[inline]
-    pub(super) fn partition(&self, key: &Lookup<'_, K>) -> &Partition<K, H> {
+    pub(super) fn partition(&self, key: &Lookup<'_, K>) -> Option<&Partition<K, H>> {
+        let partitions = self.partitions.get()?;
         let index = (key.hash >> PARTITION_SHIFT) as usize;
-        &self.partitions[index & (self.partitions.len() - 1)]
+        Some(&partitions[index & (partitions.len() - 1)])
+    }
+
+    /// `key`'s partition, the partitions made if they were not, to add the key.
+    pub(super) fn partition_to_add(&self, key: &Lookup<'_, K>) -> &Partition<K, H> {
+        let partitions = self.partitions.get_or_init(|| {
+            (0..self.partition_count)
+                .map(|_| Partition::new(&self.empty_table, &self.sealed_table))
+                .collect()
+        });
+        let index = (key.hash >> PARTITION_SHIFT) as usize;
+        &partitions[index & (partitions.len() - 1)]
     }
 
     /// Calls `f` with `key`'s ring, or without one, with the key to look up.
@@ -204,11 +235,13 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
             return f(Ok(ring));
         }
         let key = self.lookup(key);
-        self.partition(&key)
-            .with_ring(key.hash, key.key, |ring| match ring {
+        match self.partition(&key) {
+            Some(partition) => partition.with_ring(key.hash, key.key, |ring| match ring {
                 Some(ring) => f(Ok(ring)),
                 None => f(Err(&key)),
-            })
+            }),
+            None => f(Err(&key)),
+        }
     }
 
     pub(super) fn stats(&self) -> LimiterStats {
@@ -242,12 +275,19 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
     }
 }
 
+impl<K, C, H: Head> State<K, C, H> {
+    /// The partitions made so far: all of them, or none.
+    pub(super) fn partitions(&self) -> &[Partition<K, H>] {
+        self.partitions.get().map_or(&[], |partitions| partitions)
+    }
+}
+
 impl<K, C, H: Head> Drop for State<K, C, H> {
     /// The tables go back to the allocator; their bytes count towards the
     /// next trim (see `trim`).
     fn drop(&mut self) {
-        let bytes = self.partitions.iter().map(Partition::bytes).sum();
-        self.partitions = Box::new([]);
+        let bytes = self.partitions().iter().map(Partition::bytes).sum();
+        self.partitions = OnceLock::new();
         // Counted for the next trim (a sweeper's round, or `evict_idle`):
         // a limiter may be dropped on a request's path.
         trim::given_up(bytes);

@@ -66,7 +66,7 @@ where
 {
     loop {
         rounds.tick().await;
-        let Some(partitions) = state.upgrade().map(|state| state.partitions.len()) else {
+        let Some(partitions) = state.upgrade().map(|state| state.partitions().len()) else {
             return;
         };
         for p in 0..partitions {
@@ -74,36 +74,35 @@ where
                 return;
             };
             // An empty partition costs nothing to skip.
-            let swept = !state.partitions[p].is_empty();
+            let swept = !state.partitions()[p].is_empty();
             if swept {
                 state.sweep_partition(p, state.now());
             }
-            let last = p + 1 == partitions;
-            if last {
-                #[cfg(feature = "metrics")]
-                let _ = state.stats(); // hands the counts to the metrics recorder
-                #[cfg(test)]
-                state.sweeper_rounds.fetch_add(1, SeqCst);
-            }
             drop(state);
-            // Before yielding: the round's memory goes back as it ends.
-            trim::trim_off_worker_if(if last {
-                trim::TRIM_AFTER_ROUND
-            } else {
-                trim::TRIM_AFTER
-            })
-            .await;
             if swept {
+                // Within a round, the memory of a large eviction goes back
+                // as it is freed.
+                trim::trim_off_worker_if(trim::TRIM_AFTER).await;
                 tokio::task::yield_now().await;
             }
         }
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        #[cfg(feature = "metrics")]
+        let _ = state.stats(); // hands the counts to the metrics recorder
+        #[cfg(test)]
+        state.sweeper_rounds.fetch_add(1, SeqCst);
+        drop(state);
+        // The round's memory goes back as it ends.
+        trim::trim_off_worker_if(trim::TRIM_AFTER_ROUND).await;
     }
 }
 
 impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
     pub(super) fn evict_idle(&self) -> usize {
         let now = self.now();
-        let dropped = (0..self.partitions.len())
+        let dropped = (0..self.partitions().len())
             .map(|p| self.sweep_partition(p, now))
             .sum();
         trim::trim_if(trim::TRIM_AFTER_ROUND);
@@ -125,7 +124,8 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         false
     }
 
-    /// Once per bucket width, the first check to notice sweeps one partition.
+    /// Once per sweep period (a bucket width, or less with many partitions),
+    /// the first check to notice sweeps one partition.
     #[inline]
     pub(super) fn maybe_sweep(&self, now: u64) {
         if self.first_in_bucket(&self.next_sweep_at, now) {
@@ -134,8 +134,8 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
     }
 
     /// True for the first caller at or after the instant `due` holds, which
-    /// moves it on to the start of the next slot: once per bucket width.
-    /// `now >= due` is `slot(now) >= due's slot` without the division. Also
+    /// moves it on to the start of the next sweep period: once per period.
+    /// `now >= due` without a division. Also
     /// for the first caller after the clock was set back more than a span:
     /// else no sweep would run until the clock passed `due` again, and keys
     /// idle by the clock's reading would stay (at the cap, new keys would
@@ -147,7 +147,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
             && due
                 .compare_exchange(
                     at,
-                    next_slot_start(now, self.shape.width()),
+                    next_slot_start(now, self.sweep_period),
                     Relaxed,
                     Relaxed,
                 )
@@ -158,16 +158,22 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
     /// (adding a key, rebuilding) is left to the next step, so that a check
     /// never waits for another key's writer to sweep.
     pub(super) fn sweep_step(&self, now: u64) {
-        let p = self.sweep_cursor.fetch_add(1, Relaxed) % self.partitions.len();
-        if let Some(writing) = self.partitions[p].try_write() {
-            self.sweep_with(writing, now);
+        let partitions = self.partitions();
+        if partitions.is_empty() {
+            // No key yet: a sweep of nothing, judged at `now` all the same.
+            self.swept_at.fetch_max(now, SeqCst);
+        } else {
+            let p = self.sweep_cursor.fetch_add(1, Relaxed) % partitions.len();
+            if let Some(writing) = partitions[p].try_write() {
+                self.sweep_with(writing, now);
+            }
         }
         #[cfg(feature = "metrics")]
         let _ = self.stats(); // hands the counts to the metrics recorder
     }
 
     pub(super) fn sweep_partition(&self, p: usize, now: u64) -> usize {
-        self.sweep_with(self.partitions[p].write(), now)
+        self.sweep_with(self.partitions()[p].write(), now)
     }
 
     /// Sweep the partition `writing` holds the lock of.

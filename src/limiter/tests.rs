@@ -39,7 +39,7 @@ fn a_tracked_key_takes_at_most_128_bytes_of_table_as_the_map_grows() {
             }
             let bytes: usize = l
                 .compact()
-                .partitions
+                .partitions()
                 .iter()
                 .map(|p| p.table().bytes())
                 .sum();
@@ -53,11 +53,11 @@ fn a_tracked_key_takes_at_most_128_bytes_of_table_as_the_map_grows() {
 
 #[test]
 fn keys_are_found_while_their_tables_are_rebuilt_under_them() {
-    // One partition (a cap of 10 000), grown by a new key at a time from
-    // room for 8 keys to thousands: every rebuild moves the keys already
-    // there, which must keep their counts.
+    // 32 partitions (a cap of 10 000), each grown by a new key at a time
+    // from room for 8 keys to hundreds: every rebuild moves the keys
+    // already there, which must keep their counts.
     let (l, clock) = limiter(3, 10_000);
-    assert_eq!(l.compact().partitions.len(), 2);
+    assert_eq!(l.compact().partition_count, 32);
     for k in 0..6_000u64 {
         assert!(l.check(&k).is_allowed());
         if k % 97 == 0 {
@@ -74,7 +74,7 @@ fn keys_are_found_while_their_tables_are_rebuilt_under_them() {
     // Then all go idle but one, and the sweeps hand the tables back.
     let room_before: usize = l
         .compact()
-        .partitions
+        .partitions()
         .iter()
         .map(|p| p.table().capacity())
         .sum();
@@ -84,7 +84,7 @@ fn keys_are_found_while_their_tables_are_rebuilt_under_them() {
     assert_eq!(l.stats().keys_evicted, 5_999);
     let room: usize = l
         .compact()
-        .partitions
+        .partitions()
         .iter()
         .map(|p| p.table().capacity())
         .sum();
@@ -125,7 +125,7 @@ fn a_key_type_with_one_value_has_one_ring_outside_the_map() {
             .clock(clock.clone())
             .build()
             .unwrap();
-    assert_eq!(l.compact().partitions.len(), 1);
+    assert_eq!(l.compact().partition_count, 1);
     assert_eq!(l.stats().keys_tracked, 1);
     assert!(l.check(&()).is_allowed());
     let second = l.check(&());
@@ -136,7 +136,7 @@ fn a_key_type_with_one_value_has_one_ring_outside_the_map() {
     l.undo(&(), &second);
     assert_eq!(l.usage(&()).used, 1);
     assert!(l.check(&()).is_allowed());
-    assert!(l.compact().partitions[0].is_empty());
+    assert!(l.compact().partitions().iter().all(|p| p.is_empty()));
     // Idle for a minute: no sweep drops it, and its window has emptied.
     clock.advance(Duration::from_secs(60));
     assert_eq!(l.evict_idle(), 0);
@@ -149,10 +149,10 @@ fn a_key_type_with_one_value_has_one_ring_outside_the_map() {
 
 #[test]
 fn each_key_is_found_in_its_partition_by_the_one_hash() {
-    // 256 partitions: the hash picks the partition and, passed on, the
+    // 2048 partitions: the hash picks the partition and, passed on, the
     // map's slot; every key must be found again, and only its own units.
     let (l, _) = limiter(3, 1 << 20);
-    assert_eq!(l.compact().partitions.len(), MAX_PARTITIONS);
+    assert_eq!(l.compact().partition_count, MAX_PARTITIONS);
     let keys = 0..20_000u64;
     for k in keys.clone() {
         for _ in 0..=(k % 3) {
@@ -162,7 +162,7 @@ fn each_key_is_found_in_its_partition_by_the_one_hash() {
     assert_eq!(l.stats().keys_tracked, 20_000);
     let used = l
         .compact()
-        .partitions
+        .partitions()
         .iter()
         .filter(|p| !p.is_empty())
         .count();
@@ -191,13 +191,34 @@ fn idle_keys_are_evicted_by_the_limiter_itself() {
     assert_eq!(l.stats().keys_tracked, 10_000);
     clock.advance(Duration::from_secs(2));
     // Only one hot key keeps checking; each bucket width it sweeps one partition.
-    for _ in 0..l.compact().partitions.len() {
+    for _ in 0..l.compact().partitions().len() {
         clock.advance(Duration::from_millis(70));
         let _ = l.check(&u64::MAX);
     }
     let stats = l.stats();
     assert_eq!(stats.keys_tracked, 1);
     assert_eq!(stats.keys_evicted, 10_000);
+}
+
+#[test]
+fn checks_alone_go_round_many_partitions_in_32_bucket_widths() {
+    // A cap of 1M keys: 2048 partitions, each swept by one check, 64 a
+    // bucket width (a bucket of 1 s / 15).
+    let (l, clock) = limiter(5, 1 << 20);
+    for k in 0..20_000 {
+        assert!(l.check(&k).is_allowed());
+    }
+    clock.advance(Duration::from_secs(2));
+    let width = l.policy().bucket_width();
+    let start = clock.now_nanos();
+    // A hot key's traffic, a check every millisecond.
+    while l.stats().keys_tracked > 1 {
+        clock.advance(Duration::from_millis(1));
+        let _ = l.check(&u64::MAX);
+        let elapsed = Duration::from_nanos(clock.now_nanos() - start);
+        assert!(elapsed <= width * 33, "{:?} after {elapsed:?}", l.stats());
+    }
+    assert_eq!(l.stats().keys_evicted, 20_000);
 }
 
 #[test]
@@ -474,7 +495,7 @@ fn a_cap_above_the_highest_is_taken_as_the_highest() {
     with_state!(&l.state, state => {
         assert_eq!(state.max_keys, MAX_KEYS);
         // Each partition's share, even twice over, fits a table.
-        assert!(MAX_KEYS / state.partitions.len() * 2 <= MAX_CAPACITY);
+        assert!(MAX_KEYS / state.partition_count * 2 <= MAX_CAPACITY);
     });
     assert!(l.check(&7).is_allowed());
     assert!(!l.check(&7).is_allowed());
@@ -688,7 +709,7 @@ mod sweeper {
         let stats = l.stats();
         assert_eq!((stats.keys_tracked, stats.keys_evicted), (0, 100_000));
         assert_eq!(start.elapsed(), Duration::from_millis(1100));
-        assert!(l.compact().partitions.iter().all(|p| p.is_empty()));
+        assert!(l.compact().partitions().iter().all(|p| p.is_empty()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -2459,21 +2459,23 @@ mod loom_tests {
 
     /// A move as a rebuild makes it when it can wait out the checks holding
     /// the old table (`partition`): the writer publishes the sealed table,
-    /// then makes the readers' handshake (`readers`, with fences on both
-    /// sides: a check stores its odd word, fences, loads the table; the
-    /// writer swaps the table, fences, and waits for each odd word it reads
-    /// to change), then reads the old ring as it is, with no retirement, and
-    /// copies it if live. A check that loads the sealed table waits for the
-    /// writer's lock and loads again. The handshake is written out here with
-    /// loom's atomics, as `readers` does it without `membarrier` (loom has no
-    /// model of the kernel's barrier); the ring's words are the real code's.
+    /// then waits until no check holds the old one, then reads the old ring
+    /// as it is, with no retirement, and copies it if live. A check that
+    /// loads the sealed table waits for the writer's lock and loads again.
+    ///
+    /// The hold is arc-swap's contract, written out with loom's atomics (loom
+    /// cannot run arc-swap itself): a check is counted as holding before it
+    /// loads the table and until it has let go (a guard, which arc-swap turns
+    /// into a reference count once the table is swapped out); the writer
+    /// swaps the table, then waits for the count to fall, with acquire. The
+    /// ring's words are the real code's.
     fn moved_alone_while_checked<H: Head>(
         g: Geometry,
         setup: &[(u64, u32)],
         move_at: u64,
         checks: &[(u64, u32)],
     ) -> Vec<(Decision, bool)> {
-        use loom::sync::atomic::{fence, AtomicU64, AtomicUsize};
+        use loom::sync::atomic::{fence, AtomicUsize};
         use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
         const OLD: usize = 0;
         const SEALED: usize = 1;
@@ -2485,28 +2487,28 @@ mod loom_tests {
             .iter()
             .map(|&(t, c)| old.ring().acquire(&g, t, c))
             .collect();
-        let words: Vec<Arc<AtomicU64>> =
-            checks.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+        // The checks holding the old table.
+        let holding = Arc::new(AtomicUsize::new(0));
         let held = writer.lock().unwrap();
         let handles: Vec<_> = checks
             .iter()
-            .zip(&words)
-            .map(|(&(t, c), word)| {
+            .map(|&(t, c)| {
                 let (old, new, table) = (old.clone(), new.clone(), table.clone());
-                let (writer, word) = (writer.clone(), word.clone());
+                let (writer, holding) = (writer.clone(), holding.clone());
                 loom::thread::spawn(move || {
-                    word.store(1, Release);
+                    holding.fetch_add(1, SeqCst);
+                    // loom weakens SeqCst accesses to AcqRel (see `sync`):
+                    // the fence restores their order against the writer's.
                     fence(SeqCst);
-                    if table.load(Acquire) == OLD {
+                    if table.load(SeqCst) == OLD {
                         // Never retired on this path: the check counts here.
                         let d = old.ring().try_acquire(&g, t, c);
-                        word.store(2, Release);
+                        holding.fetch_sub(1, Release);
                         return (d.expect("a ring retired on the waited-out path"), false);
                     }
-                    // The sealed table: as `Partition::table`, leave the
-                    // check, wait for the writer, then use the table it
-                    // published.
-                    word.store(2, Release);
+                    // The sealed table: as `Partition::table`, let go of it,
+                    // wait for the writer, then use the table it published.
+                    holding.fetch_sub(1, Release);
                     drop(writer.lock().unwrap());
                     (new.ring().acquire(&g, t, c), true)
                 })
@@ -2514,11 +2516,10 @@ mod loom_tests {
             .collect();
         table.swap(SEALED, SeqCst);
         fence(SeqCst);
-        for word in &words {
-            while word.load(Acquire) == 1 {
-                loom::thread::yield_now();
-            }
+        while holding.load(SeqCst) != 0 {
+            loom::thread::yield_now();
         }
+        fence(Acquire);
         match old.ring().state_unreachable(&g, g.slot(move_at)) {
             Retired::Live => old.ring().copy_unreachable_to(&g, &new.ring()),
             Retired::Idle => new.ring().init(&g, g.slot(move_at), &[]),

@@ -5,8 +5,8 @@
 use crate::{Limiter, ManualClock, Policy};
 use std::time::Duration;
 
-/// The limiter sizes its partitions for 4096 keys each.
-const PARTITION: usize = 4096;
+/// The keys a partition is sized for.
+const PARTITION: usize = crate::limiter::KEYS_PER_PARTITION;
 const HOUR: u64 = 3_600_000_000_000;
 
 /// A limiter of 10 per second holding `max_keys` keys, each checked once at 0.

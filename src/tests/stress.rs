@@ -502,12 +502,14 @@ fn moved_under_racing_checks(width: u64) {
     const CHECKS: usize = 100_000;
     const MIN_REBUILDS: usize = 60;
     let clock = ManualClock::new();
-    // A cap under 2 × 4096: one partition, so every rebuild moves every key.
+    // A cap under two partitions' worth: one partition, so every rebuild
+    // moves every key.
     let limiter: Limiter<u64, ManualClock> = Limiter::builder(policy(width))
         .clock(clock.clone())
-        .max_keys(4_000)
+        .max_keys(2 * crate::limiter::KEYS_PER_PARTITION - 1)
         .build()
         .unwrap();
+    let _ = limiter.check(&0);
     assert_eq!(limiter.table_addresses().len(), 1);
     let done = AtomicUsize::new(0);
     let seen = AtomicUsize::new(0);
