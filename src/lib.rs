@@ -1,5 +1,5 @@
-//! A keyed, lock-free sliding-window rate limiter for tower, axum, hyper and
-//! tonic that never admits more than its limit in any window.
+//! A keyed sliding-window rate limiter for tower, axum, hyper and tonic,
+//! lock-free per key, that never admits more than its limit in any window.
 //!
 //! # The tower layer
 //!
@@ -121,7 +121,7 @@
 // `unsafe` in the crate: one call, the one that hands freed table memory
 // back to glibc's malloc (`trim.rs`), with its SAFETY note; it runs only in
 // the background sweeper and `Limiter::evict_idle`, never in a check. The
-// tables reach checks through arc-swap, in safe code.
+// keys' tables sit behind std's read-write locks, in safe code.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

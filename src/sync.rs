@@ -15,25 +15,6 @@ pub(crate) fn spin() {
     std::hint::spin_loop();
 }
 
-/// Wait for another thread to finish a reset it has begun, where waiting is
-/// the only safe choice (a writer that must not retire a ring mid-reset):
-/// spin briefly, then give the core away, since on few cores the resetting
-/// thread may be the one waiting for it.
-#[inline]
-pub(crate) fn wait_a_moment(round: u32) {
-    #[cfg(tsw_loom)]
-    {
-        let _ = round;
-        loom::thread::yield_now();
-    }
-    #[cfg(not(tsw_loom))]
-    if round < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-}
-
 /// Order a write to the ring before the reads that follow it as C11 does for
 /// `SeqCst` accesses (a check's add before its count; an advance of `newest`
 /// before the base's scan).

@@ -3,7 +3,6 @@
 
 use super::state::State;
 use crate::clock::Clock;
-use crate::partition::Slot;
 use crate::ring::{bucket_count_max, Geometry, Head, OwnedRing, Ring};
 use std::hash::Hash;
 use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
@@ -74,11 +73,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
                 };
                 let key = self.lookup(key);
                 let mut writing = self.partition_to_add(&key).write();
-                if writing.find(key.hash, key.key) == Slot::Absent {
+                if writing.find(key.hash, key.key).is_none() {
                     let init = (&self.shape, s, &counts[..]);
-                    // Every ring inserted here holds units: none is idle.
-                    let hasher = &self.hasher;
-                    writing.insert(key.hash, key.key.clone(), init, now, hasher, &self.swept_at);
+                    writing.insert(key.hash, key.key.clone(), init, &self.hasher);
                     tracked += 1;
                 }
             });

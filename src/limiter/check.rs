@@ -1,11 +1,10 @@
 //! A check: the key's ring when it has one (the common case, inline), else
-//! the slow path (a new key, a retired ring, the cap), and what a check
+//! the slow path (a new key, the cap), and what a check
 //! reads without counting (peek, the window for the wait queues).
 
 use super::state::{Lookup, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::partition::Slot;
 use crate::ring::{Geometry, Head, WindowSnapshot};
 use std::hash::Hash;
 use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
@@ -93,19 +92,16 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         }
         let key = self.lookup(key);
         if let (true, Some(partition)) = (cost <= g.limit(), self.partition(&key)) {
-            let table = partition.table_or_sealed();
+            let table = partition.read();
             if let Some(i) = table.find(key.hash, key.key) {
-                if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
-                    return decision;
-                }
+                return table.ring(i).acquire(g, now, cost);
             }
         }
         self.decide_rest(g, key, cost, now)
     }
 
     /// [`decide`](Self::decide) in full: costs above the limit, new keys,
-    /// retired rings (dropped, or moving to a rebuilt table), the cap and the
-    /// overflow ring.
+    /// the cap and the overflow ring.
     #[inline(never)]
     pub(super) fn decide_rest(
         &self,
@@ -117,55 +113,35 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         if cost > g.limit() {
             return self.peek(g, key.key, cost);
         }
-        let partition = self.partition_to_add(&key);
-        loop {
-            {
-                let table = partition.table();
-                if let Some(i) = table.find(key.hash, key.key) {
-                    if let Some(decision) = table.ring(i).try_acquire(g, now, cost) {
-                        return decision;
-                    }
-                    // Retired: dropped by a sweep, or being moved by a rebuild.
-                    // Once the writer is done, a moved ring is in the table.
-                    drop(table);
-                    if let Slot::Live(_) = partition.write().find(key.hash, key.key) {
-                        continue;
-                    }
-                }
-            }
-            if !self.reserve_key(now) {
-                break;
-            }
-            let mut writing = partition.write();
-            let slot = writing.find(key.hash, key.key);
-            if let Slot::Live(_) = slot {
-                // Another check tracked it first: give the reservation back.
-                self.keys.fetch_sub(1, Relaxed);
-                continue;
-            }
-            // A sweep publishes `swept_at` before it retires a ring, and under
-            // the writer's lock, so this reads the newest relevant one.
-            let start = now.max(self.swept_at.load(SeqCst));
-            // While the overflow ring may hold this key's units, an empty ring
-            // would let the key through twice: start from a copy of the overflow
-            // ring's counts, taken after the mark was read, so it holds them.
-            let (s, counts) = if g.slot(start) < self.overflow_mark(&key) {
-                self.overflow.ring().counts_by_age(g, start)
-            } else {
-                (g.slot(start), Vec::new())
-            };
-            match slot {
-                Slot::Retired(i) => writing.revive(i, g, s, &counts),
-                _ => {
-                    let init = (g, s, &counts[..]);
-                    let (hasher, swept_at) = (&self.hasher, &self.swept_at);
-                    let dropped =
-                        writing.insert(key.hash, key.key.clone(), init, now, hasher, swept_at);
-                    self.count_evicted(dropped);
-                }
-            }
+        if !self.reserve_key(now) {
+            self.overflowed.fetch_add(1, Relaxed);
+            return self.decide_at_cap(g, &key, cost, now);
         }
-        self.overflowed.fetch_add(1, Relaxed);
-        self.decide_at_cap(g, &key, cost, now)
+        // The map's copy of the key, made before the writer's lock: the key
+        // type's `Clone` never holds up the partition's checks.
+        let owned = key.key.clone();
+        let mut writing = self.partition_to_add(&key).write();
+        if let Some(i) = writing.find(key.hash, key.key) {
+            // Another check tracked it first: give the place back.
+            self.keys.fetch_sub(1, Relaxed);
+            return writing.ring(i).acquire(g, now, cost);
+        }
+        // A sweep publishes `swept_at` before it drops a key, under the
+        // writer's lock, so this reads the newest relevant one: a key
+        // dropped by a sweep restarts no earlier than the sweep, so a check
+        // that read the clock before it never records beside the units the
+        // dropped ring held.
+        let start = now.max(self.swept_at.load(SeqCst));
+        // While the overflow ring may hold this key's units, an empty ring
+        // would let the key through twice: start from a copy of the overflow
+        // ring's counts, taken after the mark was read, so it holds them.
+        let (s, counts) = if g.slot(start) < self.overflow_mark(&key) {
+            self.overflow.ring().counts_by_age(g, start)
+        } else {
+            (g.slot(start), Vec::new())
+        };
+        let init = (g, s, &counts[..]);
+        let i = writing.insert(key.hash, owned, init, &self.hasher);
+        writing.ring(i).acquire(g, now, cost)
     }
 }

@@ -38,7 +38,7 @@ use sweep::Sweeper;
 /// Each key owns a lock-free ring of sub-window counters (see [`Policy`] and
 /// [`Precision`](crate::Precision) for the guarantee). Keys are created on first
 /// use and dropped once idle (all their buckets expired), by the limiter itself:
-/// now and then a check sweeps one partition of the map (at most 512 keys of
+/// now and then a check sweeps one partition of the map (at most 1024 keys of
 /// the cap), often enough for checks to go round every partition in 32 bucket
 /// widths, so no request ever pays for a full sweep. Checks alone leave idle
 /// keys in place once traffic stops: after a flood of one-off keys, the last
@@ -235,7 +235,7 @@ impl<C> LimiterBuilder<C> {
     /// Each round visits every partition of the map in turn (as
     /// [`Limiter::evict_idle`] does) and yields to the runtime between
     /// partitions, so a round never holds a worker for longer than one
-    /// partition's sweep (at most 512 keys of the cap). A round visits every
+    /// partition's sweep (at most 1024 keys of the cap). A round visits every
     /// tracked key, idle or not, so its cost grows with the keys tracked: a
     /// cap of millions with narrow buckets wants a longer period. A sweep
     /// never evicts a key that holds units in its window.
@@ -626,12 +626,13 @@ impl<K, C> std::fmt::Debug for Limiter<K, C> {
 
 #[cfg(all(test, not(tsw_loom)))]
 impl<K: Hash + Eq + Clone, C> Limiter<K, C> {
-    /// Where each partition's table is now (a new address after a rebuild).
+    /// Where each partition's rings are now (a new address once they grow
+    /// or are compacted).
     pub(crate) fn table_addresses(&self) -> Vec<usize> {
         with_state!(&self.state, state => state
             .partitions()
             .iter()
-            .map(|p| std::ptr::from_ref::<crate::table::Table<_, _>>(&p.table()) as usize)
+            .map(|p| p.read().rings_address())
             .collect())
     }
 }

@@ -5,7 +5,6 @@
 use super::state::{Lookup, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Outcome};
-use crate::partition::Slot;
 use crate::ring::{peek_empty, Geometry, Head};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -46,9 +45,8 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
             stall();
         }
         let writing = self.partition_to_add(key).write();
-        if let Slot::Live(i) = writing.find(key.hash, key.key) {
-            // Tracked meanwhile: the key's own ring decides, and it cannot
-            // be retired while the lock is held.
+        if let Some(i) = writing.find(key.hash, key.key) {
+            // Tracked meanwhile: the key's own ring decides.
             return writing.ring(i).acquire(g, now, cost);
         }
         let at = now.max(self.swept_at.load(SeqCst));

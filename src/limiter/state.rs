@@ -9,7 +9,7 @@ use crate::partition::Partition;
 use crate::policy::Policy;
 use crate::ring::{Geometry, Head, OwnedRing, Ring};
 use crate::stats::{Counters, LimiterStats};
-use crate::table::{KeyHasher, Table, MAX_CAPACITY};
+use crate::table::KeyHasher;
 use crate::trim;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -29,24 +29,22 @@ pub(super) struct Lookup<'k, K> {
 }
 
 /// Where the partition index starts in a key's hash (see `Lookup`): above the
-/// overflow mark's bits, below the table's tag.
+/// overflow mark's bits.
 pub(super) const PARTITION_SHIFT: u32 = 42;
 
 /// Keys per partition the map is sized for. Everything a check may be asked
-/// to do beyond its own key is one partition's worth: a sweep step, a table
-/// rebuilt to grow, a wait for another key's writer. So this bounds the
-/// slowest check (a rebuild of 512 keys takes tens of microseconds), up to
-/// `MAX_PARTITIONS` partitions (a cap of 1M keys). Beyond, a partition holds
-/// a 2048th of the cap.
-pub(crate) const KEYS_PER_PARTITION: usize = 512;
-pub(super) const MAX_PARTITIONS: usize = 2048;
+/// to do beyond its own key is one partition's worth: a sweep step, the
+/// partition's arrays grown, a wait for another key's writer. So this bounds
+/// the slowest check (tens of microseconds), up to `MAX_PARTITIONS`
+/// partitions (a cap of 1M keys). Beyond, a partition holds a 1024th of the
+/// cap.
+pub(crate) const KEYS_PER_PARTITION: usize = 1024;
+pub(super) const MAX_PARTITIONS: usize = 1024;
 /// Bucket widths in which checks alone go round every partition (at most
 /// one partition a bucket width below that many partitions).
 pub(super) const SWEEP_ROUND_BUCKETS: usize = 32;
-/// The highest cap (about 2^32 keys, some 400 GB of them): a partition's
-/// share of it stays far below the most keys a table can hold, whatever
-/// uneven partitions add, so a table never has to grow past that.
-pub(super) const MAX_KEYS: usize = MAX_PARTITIONS * (MAX_CAPACITY / 16);
+/// The highest cap (2^32 keys, some 400 GB of them): positions are 32-bit.
+pub(super) const MAX_KEYS: usize = 1 << 32;
 
 /// A limiter's keys, rings and settings, behind the [`Limiter`] handle, its
 /// rings in layout `H`.
@@ -67,9 +65,6 @@ pub(super) struct State<K, C, H: Head> {
     /// The partitions, made at the first key (most of an empty limiter's
     /// memory otherwise: a tier nobody is in).
     pub(super) partitions: OnceLock<Box<[Partition<K, H>]>>,
-    /// Tables of no room, which the partitions share (see `Partition::new`).
-    pub(super) empty_table: Arc<Table<K, H>>,
-    pub(super) sealed_table: Arc<Table<K, H>>,
     pub(super) overflow: OwnedRing<H>,
     /// The one ring of a key type with a single value (zero-sized: the global
     /// key `()`), kept outside the map: its check neither hashes nor looks up.
@@ -154,8 +149,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
             hasher: Hasher::default(),
             partition_count,
             partitions: OnceLock::new(),
-            empty_table: Arc::new(Table::new(0, shape.ring_len())),
-            sealed_table: Arc::new(Table::new(0, shape.ring_len())),
             keys: AtomicUsize::new(single.is_some().into()),
             single,
             max_keys,
@@ -218,7 +211,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
     pub(super) fn partition_to_add(&self, key: &Lookup<'_, K>) -> &Partition<K, H> {
         let partitions = self.partitions.get_or_init(|| {
             (0..self.partition_count)
-                .map(|_| Partition::new(&self.empty_table, &self.sealed_table))
+                .map(|_| Partition::new(self.shape.ring_len()))
                 .collect()
         });
         let index = (key.hash >> PARTITION_SHIFT) as usize;

@@ -178,11 +178,9 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
 
     /// Sweep the partition `writing` holds the lock of.
     pub(super) fn sweep_with(&self, mut writing: Writing<'_, K, H>, now: u64) -> usize {
-        // Before any ring is retired: a check that then finds its key retired or
-        // gone starts the new ring no earlier than this.
+        // Before any key is dropped: a check that then finds its key gone
+        // starts the new ring no earlier than this.
         self.swept_at.fetch_max(now, SeqCst);
-        // A ring retired here may still be in use by a check that found it
-        // before; that check then fails and looks again (see `ring`).
         let dropped = writing.sweep(&self.shape, now, &self.hasher);
         self.count_evicted(dropped);
         dropped

@@ -21,11 +21,10 @@ use crate::sync::Ordering::Relaxed;
 use crate::sync::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::fmt::Debug;
 
-/// Set in the head while an idle ring is reset or a retired one revived.
+/// Set in the head while an idle ring is reset.
 pub(crate) const RESETTING: u64 = 1 << 63;
-/// Set for good when a ring is retired (it has left, or is leaving, its table).
-pub(crate) const RETIRED: u64 = 1 << 62;
-pub(crate) const FLAGS: u64 = RESETTING | RETIRED;
+/// The head's flags (bit 62 is unused: slots stay below it).
+pub(crate) const FLAGS: u64 = RESETTING;
 
 /// One bucket: a slot tag in the high `TAG_BITS` of the word, a count in
 /// the low `COUNT_BITS`. Values travel as `u64`, whatever the width.
@@ -247,7 +246,7 @@ pub(crate) fn normalize_age<B: Bucket>() -> u64 {
 
 /// A ring's head: the newest slot any consuming check has entered, the
 /// flags, and the base of that slot (the units at its N older slots), or
-/// "unknown". Head words travel as `u64`: flags in bits 63 and 62, the slot
+/// "unknown". Head words travel as `u64`: the flag in bit 63, the slot
 /// in the low bits, and (compact) the base in between.
 pub(crate) trait Head: Send + Sync + Debug + Sized + 'static {
     type Bucket: Bucket;
@@ -278,7 +277,7 @@ pub(crate) trait Head: Send + Sync + Debug + Sized + 'static {
     fn set(&self, s: u64, base: Option<u64>);
 }
 
-/// The compact layout's head: `RESETTING | RETIRED | base (16 bits, at 46) | slot (46 bits)`.
+/// The compact layout's head: `RESETTING | (unused) | base (16 bits, at 46) | slot (46 bits)`.
 #[derive(Debug)]
 pub(crate) struct Compact(AtomicU64);
 
@@ -345,7 +344,7 @@ impl Head for Compact {
     }
 }
 
-/// The wide layout's head: `newest` is `RESETTING | RETIRED | slot (60 bits)`;
+/// The wide layout's head: `newest` is `RESETTING | (unused) | slot (60 bits)`;
 /// `base` is packed like a wide bucket, tagged with the slot it is the base
 /// of, its count [`WIDE_NO_BASE`] when unknown.
 #[derive(Debug)]
@@ -519,9 +518,9 @@ mod tests {
         let advanced = Compact::advanced(6);
         assert_eq!(Compact::newest(advanced), 6);
         assert_eq!(head.base(advanced), None);
-        // Flags survive the base's bits.
-        let retired = raw | RETIRED;
-        assert_eq!(Compact::newest(retired), Compact::MAX_SLOT | RETIRED);
+        // The flag survives the base's bits.
+        let resetting = raw | RESETTING;
+        assert_eq!(Compact::newest(resetting), Compact::MAX_SLOT | RESETTING);
     }
 
     #[test]

@@ -18,8 +18,8 @@ pub(crate) mod layout;
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
-use crate::sync::{order_write_before_reads, spin, wait_a_moment};
-use layout::{age, age_bits, count, count_max, normalize_age, pack, FLAGS, RESETTING, RETIRED};
+use crate::sync::{order_write_before_reads, spin};
+use layout::{age, age_bits, count, count_max, normalize_age, pack, FLAGS, RESETTING};
 pub(crate) use layout::{Bucket, Compact, Head, Line, Wide};
 
 /// Attempts before a check gives up and denies (the safe side). Only reached under
@@ -253,17 +253,6 @@ enum Add {
     Overflow,
 }
 
-/// What [`Ring::retire_to_move`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Retired {
-    /// Retired before: nothing to do.
-    Already,
-    /// Idle at the time given, now retired: equivalent to an absent key.
-    Idle,
-    /// Holding units, now retired: copy it with [`Ring::copy_to`].
-    Live,
-}
-
 /// One key's ring: its head and `N + 1` buckets, from word `start` of a
 /// slice of bucket lines (which may hold other keys' rings). See the module
 /// docs for the invariant.
@@ -423,56 +412,17 @@ impl<'a, H: Head> Ring<'a, H> {
         self.head.set(s, base);
     }
 
-    /// Bring a retired ring back, entered at slot `s` holding `counts` (as
-    /// [`init`](Self::init)), for its key's next checks: what a sweep took out
-    /// comes back in place instead of taking a new slot of the table. Only
-    /// the writer of the ring's table calls this; checks may still hold the
-    /// ring from before it was retired.
-    ///
-    /// As the reset of an idle ring: the head is marked resetting (checks
-    /// wait), the buckets are swapped to their new words, then the head to
-    /// slot `s`. A check that entered before the retirement finds the head
-    /// changed and starts over. `s` must be no earlier than the sweep that
-    /// retired the ring (the limiter starts it at `swept_at` or later), so no
-    /// unit such a check leaves behind shares a span with the new ones.
-    pub(crate) fn revive(&self, g: &Geometry, s: u64, counts: &[u64]) {
-        let raw = self.head.load();
-        debug_assert!(raw & RETIRED != 0, "revive of a ring in use: {raw:#x}");
-        if self
-            .head
-            .compare_exchange(raw, H::advanced(s) | RESETTING)
-            .is_err()
-        {
-            // Only the writer changes a retired head: not reached.
-            debug_assert!(false, "a retired head changed under its writer");
-            return;
-        }
-        let (word, base) = Self::seeded_words(g, s, counts);
-        for p in 0..g.ring_len() {
-            self.word(p).swap(word(p));
-        }
-        self.head.set(s, base);
-    }
-
-    /// Check `cost` units at time `now` and count them if they fit, in a ring
-    /// that is never retired.
-    pub(crate) fn acquire(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
-        self.try_acquire(g, now, cost)
-            .unwrap_or_else(|| self.denied(g, g.slot(now), now, cost))
-    }
-
-    /// Check `cost` units at time `now` and count them if they fit; `None` once
-    /// the ring is retired (then nothing was counted).
+    /// Check `cost` units at time `now` and count them if they fit.
     #[inline]
-    pub(crate) fn try_acquire(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
+    pub(crate) fn acquire(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
         match self.admit_at_newest(g, now, cost) {
-            Some(decision) => Some(decision),
-            None => self.try_acquire_slow(g, now, cost),
+            Some(decision) => decision,
+            None => self.acquire_slow(g, now, cost),
         }
     }
 
     /// The common strict check, steps 1-4 for one attempt with nothing unusual:
-    /// `now` in the slot the head holds, no reset or retirement under way, the
+    /// `now` in the slot the head holds, no reset under way, the
     /// base of that slot known. Adds only when the cost fits; a cost that does
     /// not fit is denied with nothing added. `None` (nothing counted) leaves
     /// every other case to the full protocol.
@@ -637,30 +587,27 @@ impl<'a, H: Head> Ring<'a, H> {
     /// Every check that [`admit_at_newest`](Self::admit_at_newest) leaves:
     /// interpolated mode's common check, then the full protocol.
     #[inline(never)]
-    fn try_acquire_slow(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
+    fn acquire_slow(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
         if g.precision == Precision::Interpolated && cost > 0 {
             if let Some(decision) = self.admit_at_newest_interpolated(g, now, cost) {
-                return Some(decision);
+                return decision;
             }
         }
-        self.try_acquire_full(g, now, cost)
+        self.acquire_full(g, now, cost)
     }
 
     /// The full protocol, steps 1-5 with every case, until an attempt decides.
     #[inline(always)]
-    fn try_acquire_full(&self, g: &Geometry, now: u64, cost: u32) -> Option<Decision> {
+    fn acquire_full(&self, g: &Geometry, now: u64, cost: u32) -> Decision {
         for _ in 0..MAX_ATTEMPTS {
             let Some(s) = self.enter(g, now) else {
-                if self.is_retired() {
-                    return None;
-                }
                 continue;
             };
             let strict = g.precision == Precision::Strict && cost > 0;
             let cell = match self.add(g, s, cost) {
                 Add::Added(cell) => cell,
                 Add::Newer => continue,
-                Add::Overflow => return Some(self.denied(g, s, now, cost)),
+                Add::Overflow => return self.denied(g, s, now, cost),
             };
             order_write_before_reads();
             if strict {
@@ -670,7 +617,7 @@ impl<'a, H: Head> Ring<'a, H> {
                         continue;
                     }
                     if used <= g.limit as u64 {
-                        return Some(admitted(g, g.limit as u64, used, s, now, cost));
+                        return admitted(g, g.limit as u64, used, s, now, cost);
                     }
                     self.take_back(g, s, cost);
                     // Others' units at `s`: the count the add left, less this
@@ -679,7 +626,7 @@ impl<'a, H: Head> Ring<'a, H> {
                     let used = used - cost as u64;
                     // Out of line, as all of this loop: the walk covers the
                     // common denial's case too.
-                    return Some(self.denied_strict_walk(g, s, now, cost, used, current));
+                    return self.denied_strict_walk(g, s, now, cost, used, current);
                 }
             }
             let scan = self.scan(g, s);
@@ -691,12 +638,12 @@ impl<'a, H: Head> Ring<'a, H> {
                 let mut d = allowed(g, &scan, s, now);
                 d.slot = s;
                 d.cost = cost;
-                return Some(d);
+                return d;
             }
             self.take_back(g, s, cost);
-            return Some(self.denied(g, s, now, cost));
+            return self.denied(g, s, now, cost);
         }
-        Some(self.denied(g, g.slot(now), now, cost))
+        self.denied(g, g.slot(now), now, cost)
     }
 
     /// Report what `acquire(cost)` would decide now, without counting anything.
@@ -707,10 +654,6 @@ impl<'a, H: Head> Ring<'a, H> {
             if raw & RESETTING != 0 {
                 spin();
                 continue;
-            }
-            if raw & RETIRED != 0 {
-                return allowed(g, &Scan::default(), clock_slot, now)
-                    .after_cost(cost, g, clock_slot, now);
             }
             let newest = H::newest(raw);
             let s = clock_slot.max(newest);
@@ -730,87 +673,15 @@ impl<'a, H: Head> Ring<'a, H> {
         self.denied(g, clock_slot, now, cost)
     }
 
-    /// Retire the ring if it is idle at `now` (every bucket stale, so it is
-    /// equivalent to an absent ring), so that it can leave its table while
-    /// checks may still hold it (see the module docs). True if this call did.
-    pub(crate) fn retire(&self, g: &Geometry, now: u64) -> bool {
-        let raw = self.head.load();
-        idle::<H>(g, raw, now) && self.head.compare_exchange(raw, raw | RETIRED).is_ok()
-    }
-
-    /// Retire the ring, idle or not, so that it can leave its table for
-    /// another (a table rebuilt): every unit a check admitted in it is then
-    /// in its buckets for [`copy_to`](Self::copy_to), and no check admits
-    /// in it any more. Waits out a reset under way: a ring must not be
-    /// retired between a reset's swaps, which would clear the flag.
-    pub(crate) fn retire_to_move(&self, g: &Geometry, now: u64) -> Retired {
-        let mut round = 0;
-        loop {
-            let raw = self.head.load();
-            if raw & RETIRED != 0 {
-                return Retired::Already;
-            }
-            if raw & RESETTING != 0 {
-                wait_a_moment(round);
-                round = round.saturating_add(1);
-                continue;
-            }
-            if self.head.compare_exchange(raw, raw | RETIRED).is_ok() {
-                return if idle::<H>(g, raw, now) {
-                    Retired::Idle
-                } else {
-                    Retired::Live
-                };
-            }
-        }
-    }
-
-    /// Copy this ring, retired by [`retire_to_move`](Self::retire_to_move),
-    /// into `to`: words no other thread reads yet (a slot of a table not yet
-    /// published), which then hold the same slot, base and buckets.
-    ///
-    /// Every unit admitted here was added before the retirement (its check
-    /// read the head unchanged after its add), so the reads below see it.
-    /// Units added since by checks that will find the ring retired and take
-    /// them back may be copied too: the copy then over-counts them, the safe
-    /// side, until they leave its window.
+    /// Copy this ring into `to`, for a ring no check can reach (its table's
+    /// writer lock held, see `partition`) into words no other thread reads
+    /// yet: `to` then holds the same slot, base and buckets.
     pub(crate) fn copy_to(&self, g: &Geometry, to: &Ring<'_, H>) {
         let raw = self.head.load();
-        debug_assert!(raw & RETIRED != 0, "copy of a ring in use");
-        self.copy_words_to(g, to, raw);
-    }
-
-    /// What [`retire_to_move`](Self::retire_to_move) would find at a time in
-    /// `slot`, for a ring no check can reach any more (in a table
-    /// unpublished, once every check that could hold it has ended): read
-    /// once, and left as it is, since no check can change it. A live one is
-    /// copied with [`copy_unreachable_to`](Self::copy_unreachable_to).
-    pub(crate) fn state_unreachable(&self, g: &Geometry, slot: u64) -> Retired {
-        let raw = self.head.load();
-        // A reset ends inside the check that began it.
-        debug_assert!(raw & RESETTING == 0, "a reset outlived its check");
-        if raw & RETIRED != 0 {
-            Retired::Already
-        } else if idle_at_slot::<H>(g, raw, slot) {
-            Retired::Idle
-        } else {
-            Retired::Live
-        }
-    }
-
-    /// [`copy_to`](Self::copy_to) for a ring no check can reach any more
-    /// (see [`state_unreachable`](Self::state_unreachable)): its words no
-    /// longer change, as a retired ring's do not.
-    pub(crate) fn copy_unreachable_to(&self, g: &Geometry, to: &Ring<'_, H>) {
-        self.copy_words_to(g, to, self.head.load());
-    }
-
-    /// The copy, from the head read as `raw`, which no longer changes.
-    fn copy_words_to(&self, g: &Geometry, to: &Ring<'_, H>, raw: u64) {
         let s = slot_of::<H>(raw);
-        // A retired head no longer changes (checks only change a head with
-        // no flags), so its base, read now, stays the base of `s` (or
-        // unknown); a base word of its own (wide) only ever over-counts.
+        // No check changes the head meanwhile, so its base, read now, stays
+        // the base of `s` (or unknown); a base word of its own (wide) only
+        // ever over-counts.
         let base = self.head.base(raw);
         let (len, words) = (g.ring_len(), LineOf::<H>::WORDS);
         if self.start % words == 0 && to.start % words == 0 && len % words == 0 {
@@ -830,24 +701,17 @@ impl<'a, H: Head> Ring<'a, H> {
         to.head.set(s, base);
     }
 
-    pub(crate) fn is_retired(&self) -> bool {
-        self.head.load() & RETIRED != 0
-    }
-
     /// Whether the ring is idle at `now` (see `idle`), read once.
     pub(crate) fn is_idle(&self, g: &Geometry, now: u64) -> bool {
         idle::<H>(g, self.head.load(), now)
     }
 
     /// Step 1: the slot this attempt runs at, published in the head; `None` to
-    /// retry (or when retired).
+    /// retry.
     fn enter(&self, g: &Geometry, now: u64) -> Option<u64> {
         let raw = self.head.load();
         if raw & RESETTING != 0 {
             spin();
-            return None;
-        }
-        if raw & RETIRED != 0 {
             return None;
         }
         let newest = H::newest(raw);
@@ -1003,8 +867,8 @@ impl<'a, H: Head> Ring<'a, H> {
         (ages < normalize_age::<H::Bucket>()).then_some(used)
     }
 
-    /// Step 4: whether the head has left slot `s` (advanced, or a reset or a
-    /// retirement began) since this check read it there.
+    /// Step 4: whether the head has left slot `s` (advanced, or a reset
+    /// began) since this check read it there.
     #[inline(always)]
     fn moved_on(&self, s: u64) -> bool {
         H::newest(self.head.load()) != s
@@ -1059,7 +923,7 @@ impl<'a, H: Head> Ring<'a, H> {
         let newest = slot_of::<H>(raw);
         let s = g.slot(now).max(newest);
         let mut counts = vec![0; g.ring_len()];
-        if s - newest <= g.n && raw & RETIRED == 0 {
+        if s - newest <= g.n {
             self.read_counts(g, s, &mut counts);
         }
         (s, counts)
@@ -1248,7 +1112,7 @@ fn scan_from_counts(counts: &[u64], g: &Geometry) -> Scan {
 }
 
 /// Whether a ring whose head word reads `raw` is idle at `now`: more than
-/// `N` slots behind, not being reset, not retired.
+/// `N` slots behind, not being reset.
 fn idle<H: Head>(g: &Geometry, raw: u64, now: u64) -> bool {
     idle_at_slot::<H>(g, raw, g.slot(now))
 }
@@ -1422,7 +1286,6 @@ mod tests {
         a_tag_aged_in_a_ring_in_use_is_normalised_and_never_counted,
         long_sparse_use_never_lets_a_tag_drift_into_ambiguity,
         a_position_unwritten_for_many_tag_ranges_is_never_counted,
-        a_retired_ring_admits_nothing_and_reads_as_empty,
         cost_counts_as_units,
         undo_gives_the_units_back,
         denials_write_nothing_and_undo_still_frees_room,
@@ -1432,8 +1295,7 @@ mod tests {
         a_stalled_check_in_the_oldest_bucket_breaks_no_interpolated_denial,
         strict_never_counts_more_than_limit_in_any_window_on_a_dense_trace,
         a_check_taken_back_after_newest_moved_on_leaves_no_stale_base,
-        a_revived_ring_starts_afresh_and_a_stale_check_cannot_use_it,
-        a_ring_moved_by_retirement_and_copy_decides_as_before,
+        a_ring_copied_decides_as_before,
         a_count_past_the_buckets_range_is_seeded_at_its_largest,
     );
 
@@ -1622,28 +1484,6 @@ mod tests {
         }
     }
 
-    fn a_retired_ring_admits_nothing_and_reads_as_empty<H: Head>() {
-        let g = geometry(2, 1000, 10, Precision::Strict);
-        let owned = OwnedRing::<H>::new(&g, 0);
-        let ring = owned.ring();
-        assert!(ring.acquire(&g, 0, 2).is_allowed());
-        // Slot 0 is still in the span of slot 10: not idle, not retired.
-        assert!(!ring.retire(&g, 1000 * MS));
-        assert!(ring.try_acquire(&g, 1000 * MS, 1).is_some());
-        // Idle at slot 21 (newest is 10): retired once, by one call.
-        assert!(ring.retire(&g, 2100 * MS));
-        assert!(!ring.retire(&g, 2100 * MS));
-        assert!(ring.try_acquire(&g, 2100 * MS, 1).is_none());
-        assert!(
-            ring.try_acquire(&g, 500 * MS, 1).is_none(),
-            "a stale clock too"
-        );
-        let d = ring.peek(&g, 2100 * MS, 1);
-        assert!(d.is_allowed());
-        assert_eq!(d.remaining(), 1);
-        assert_eq!(ring.counts_by_age(&g, 2100 * MS).1, vec![0; 11]);
-    }
-
     fn cost_counts_as_units<H: Head>() {
         let g = geometry(10, 1000, 10, Precision::Strict);
         let owned = OwnedRing::<H>::new(&g, 0);
@@ -1731,7 +1571,7 @@ mod tests {
 
     /// The interpolated check that decides from the base and the oldest
     /// bucket (`admit_at_newest_interpolated`) decides as the full protocol,
-    /// which scans the ring (`try_acquire_full`): every field of every
+    /// which scans the ring (`acquire_full`): every field of every
     /// decision, on random traces of costs, gaps and undos, two rings side by
     /// side.
     fn interpolated_checks_at_the_newest_slot_decide_as_the_full_scan<H: Head>() {
@@ -1770,9 +1610,9 @@ mod tests {
                         }
                         d
                     }
-                    None => fast.try_acquire_full(&g, now, cost).unwrap(),
+                    None => fast.acquire_full(&g, now, cost),
                 };
-                let b = full.try_acquire_full(&g, now, cost).unwrap();
+                let b = full.acquire_full(&g, now, cost);
                 assert_eq!(
                     a, b,
                     "N {n}, limit {limit}, step {step}, at {now} ns, cost {cost}"
@@ -1854,7 +1694,7 @@ mod tests {
         // b is denied (racing checks may both be, the safe side).
         assert!(!ring.acquire(&g, 100 * MS, 1).is_allowed());
         // a re-reads the head (step 4): it moved on, so a takes its unit back, as
-        // `try_acquire_slow` (and `admit_at_newest`) do, and starts over.
+        // `acquire_slow` (and `admit_at_newest`) do, and starts over.
         assert!(ring.moved_on(s));
         ring.take_back(&g, s, 1);
         // Now one unit of 2 is in the window: a's retry (and any check for the
@@ -1864,28 +1704,7 @@ mod tests {
         assert!(d.is_allowed(), "{d:?}");
     }
 
-    fn a_revived_ring_starts_afresh_and_a_stale_check_cannot_use_it<H: Head>() {
-        let g = geometry(2, 1000, 10, Precision::Strict);
-        let owned = OwnedRing::<H>::new(&g, 0);
-        let ring = owned.ring();
-        assert!(ring.acquire(&g, 0, 2).is_allowed());
-        // A check entered slot 0 before the ring went idle and was retired ...
-        let s = ring.enter(&g, 50 * MS).unwrap();
-        assert!(ring.retire(&g, 2000 * MS));
-        // ... and the ring is revived for its key at slot 20, holding 1 unit
-        // from 2 slots before.
-        ring.revive(&g, 20, &[0, 0, 1]);
-        assert!(!ring.is_retired());
-        // The stale check finds the head moved on: it must start over.
-        assert!(ring.moved_on(s));
-        let d = ring.acquire(&g, 2050 * MS, 1);
-        assert!(d.is_allowed());
-        assert_eq!(d.remaining(), 0);
-        assert!(!ring.acquire(&g, 2050 * MS, 1).is_allowed());
-        assert_eq!(ring.counts_by_age(&g, 2050 * MS).1[..3], [1, 0, 1]);
-    }
-
-    fn a_ring_moved_by_retirement_and_copy_decides_as_before<H: Head>() {
+    fn a_ring_copied_decides_as_before<H: Head>() {
         let g = geometry(5, 1000, 10, Precision::Strict);
         let from = OwnedRing::<H>::new(&g, 0);
         let from = from.ring();
@@ -1894,9 +1713,6 @@ mod tests {
         }
         let twin = OwnedRing::<H>::new(&g, 0);
         twin.ring().init(&g, 9, &from.counts_by_age(&g, 990 * MS).1);
-        assert_eq!(from.retire_to_move(&g, 995 * MS), Retired::Live);
-        assert_eq!(from.retire_to_move(&g, 995 * MS), Retired::Already);
-        assert!(from.try_acquire(&g, 995 * MS, 1).is_none(), "retired");
         let to = OwnedRing::<H>::new(&g, 0);
         from.copy_to(&g, &to.ring());
         for t in [995, 1000, 1099, 1100, 1350, 1990, 2100] {
@@ -1910,10 +1726,6 @@ mod tests {
                 "at {t} ms"
             );
         }
-        // An idle ring is retired as idle, and not copied.
-        let idle = OwnedRing::<H>::new(&g, 0);
-        assert!(idle.ring().acquire(&g, 0, 1).is_allowed());
-        assert_eq!(idle.ring().retire_to_move(&g, 1200 * MS), Retired::Idle);
     }
 
     fn a_count_past_the_buckets_range_is_seeded_at_its_largest<H: Head>() {
@@ -1984,7 +1796,7 @@ mod tests {
 #[cfg(all(test, tsw_loom))]
 mod loom_tests {
     use super::*;
-    use loom::sync::{Arc, Mutex};
+    use loom::sync::Arc;
     use std::time::Duration;
 
     fn geometry(limit: u32, buckets: u32) -> Geometry {
@@ -2016,19 +1828,12 @@ mod loom_tests {
         mixed_costs_near_the_limit_never_over_admit,
         a_check_racing_the_base_of_the_next_slot_never_over_admits,
         an_undo_racing_the_base_of_the_next_slot_never_lets_two_pass,
-        a_check_racing_retirement_is_admitted_only_before_the_sweep_slot,
-        a_check_that_entered_before_retirement_counts_only_outside_the_sweep_span,
         a_stale_check_racing_an_idle_reset_is_clamped_forward,
         two_idle_resets_and_a_current_check_never_over_admit,
         two_threads_near_the_limit_never_both_pass,
         three_threads_near_the_limit_never_over_admit,
         threads_across_a_slot_boundary_never_over_admit,
         reset_of_an_idle_ring_races_safely_with_a_check,
-        checks_racing_a_move_are_counted_once_in_one_ring_or_the_other,
-        a_move_racing_the_reset_of_an_idle_ring_loses_no_admitted_unit,
-        a_stale_check_racing_a_revival_is_clamped_to_the_new_slot,
-        checks_racing_a_sealed_move_are_counted_once_in_one_ring_or_the_other,
-        a_sealed_move_racing_the_reset_of_an_idle_ring_loses_no_admitted_unit,
     );
 
     /// Run `checks` (time, cost) on their own threads against a ring entered at
@@ -2185,55 +1990,6 @@ mod loom_tests {
         });
     }
 
-    /// N = 2 buckets of 10 ns, limit 2, one unit at slot 0; a check at
-    /// `check_at` races a sweep at slot 10 that retires the ring if it is idle.
-    /// Whether the sweep retired it, the check's answer, and the ring.
-    fn check_racing_retirement<H: Head>(
-        check_at: u64,
-    ) -> (bool, Option<Decision>, Arc<OwnedRing<H>>, Geometry) {
-        let g = geometry(2, 2);
-        let ring = Arc::new(OwnedRing::<H>::new(&g, 0));
-        assert!(ring.ring().acquire(&g, 0, 1).is_allowed());
-        let a = {
-            let ring = ring.clone();
-            loom::thread::spawn(move || ring.ring().try_acquire(&g, check_at, 1))
-        };
-        let retired = ring.ring().retire(&g, 100);
-        (retired, a.join().unwrap(), ring, g)
-    }
-
-    fn a_check_racing_retirement_is_admitted_only_before_the_sweep_slot<H: Head>() {
-        loom::model(|| {
-            // a checks at slot 9; the sweep finds the ring idle unless a got
-            // there first. A ring that replaces a retired one starts at slot 10,
-            // so after a retirement nothing may be admitted at slot 8 or later.
-            match check_racing_retirement::<H>(95) {
-                (true, None, ..) => {}
-                (true, Some(d), _, g) => assert!(!d.is_allowed() || d.slot + g.n < 10),
-                (false, d, ..) => assert!(d.is_some_and(|d| d.is_allowed() && d.slot == 9)),
-            }
-        });
-    }
-
-    fn a_check_that_entered_before_retirement_counts_only_outside_the_sweep_span<H: Head>() {
-        loom::model(|| {
-            // As above, but a read the clock in slot 0, so it enters the ring
-            // without moving the head and the sweep can retire the ring while a
-            // is between its add and its re-read. The sweep always wins (the ring
-            // stays idle at slot 10); a is refused, or admitted at slot 0, which
-            // no span of the ring replacing this one reaches.
-            let (retired, a, ring, g) = check_racing_retirement::<H>(5);
-            assert!(retired);
-            if let Some(d) = a {
-                assert!(d.is_allowed() && d.slot == 0, "{d:?}");
-            }
-            assert!(
-                ring.ring().try_acquire(&g, 100, 1).is_none(),
-                "retired for good"
-            );
-        });
-    }
-
     fn a_stale_check_racing_an_idle_reset_is_clamped_forward<H: Head>() {
         bounded(3).check(|| {
             // Slot 0 is full. a reads the clock in slot 0; b arrives in slot 10 and
@@ -2340,248 +2096,6 @@ mod loom_tests {
             };
             let (a, b) = (a.join().unwrap(), b.join().unwrap());
             assert!(!(a && b), "both admitted past a limit of 1");
-        });
-    }
-
-    /// A ring moved to a new table while checks race it: the mover, holding
-    /// the table's writer lock (a loom mutex), retires the old ring
-    /// (`retire_to_move`, at time `move_at`), copies it if it is live, and
-    /// publishes the copy; a check that finds the old ring retired waits for
-    /// the lock and checks the copy, as the limiter's checks do (they wait
-    /// for the writer, then look the key up again). A ring found idle is not
-    /// copied: its key starts afresh in the new table, no earlier than
-    /// `move_at`, as after a sweep.
-    ///
-    /// Asserts that no span holds more than the limit over every admission in
-    /// either ring, and that the copy holds every unit admitted in the old
-    /// ring. Returns the checks' decisions, and whether each was in the copy.
-    fn moved_while_checked<H: Head>(
-        g: Geometry,
-        setup: &[(u64, u32)],
-        move_at: u64,
-        checks: &[(u64, u32)],
-    ) -> Vec<(Decision, bool)> {
-        let old = Arc::new(OwnedRing::<H>::new(&g, 0));
-        let new = Arc::new(OwnedRing::<H>::new(&g, 0));
-        let writer = Arc::new(Mutex::new(()));
-        let all: Vec<Decision> = setup
-            .iter()
-            .map(|&(t, c)| old.ring().acquire(&g, t, c))
-            .collect();
-        // The mover holds the lock from before it retires anything.
-        let held = writer.lock().unwrap();
-        let handles: Vec<_> = checks
-            .iter()
-            .map(|&(t, c)| {
-                let (old, new, writer) = (old.clone(), new.clone(), writer.clone());
-                loom::thread::spawn(move || {
-                    if let Some(d) = old.ring().try_acquire(&g, t, c) {
-                        return (d, false);
-                    }
-                    drop(writer.lock().unwrap());
-                    (new.ring().acquire(&g, t, c), true)
-                })
-            })
-            .collect();
-        match old.ring().retire_to_move(&g, move_at) {
-            Retired::Live => old.ring().copy_to(&g, &new.ring()),
-            Retired::Idle => new.ring().init(&g, g.slot(move_at), &[]),
-            Retired::Already => unreachable!("only the mover retires"),
-        }
-        drop(held);
-        moved_units_are_all_in_the_copy(&g, all, handles, &new)
-    }
-
-    /// The end of a move model: join the checks (each returning its
-    /// decision and whether it was made in the copy), then assert the
-    /// invariant over `admitted` (the setup's decisions) and theirs together,
-    /// and that the copy `new` holds every unit admitted in the old ring.
-    /// The checks' decisions.
-    fn moved_units_are_all_in_the_copy<H: Head>(
-        g: &Geometry,
-        mut all: Vec<Decision>,
-        handles: Vec<loom::thread::JoinHandle<(Decision, bool)>>,
-        new: &OwnedRing<H>,
-    ) -> Vec<(Decision, bool)> {
-        let setup = all.len();
-        let raced: Vec<(Decision, bool)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        all.extend(raced.iter().map(|&(d, _)| d));
-        assert_within_limit(g, &all);
-        // Every unit admitted in the old ring is in the new one, at its slot
-        // (the copy may also hold units taken back since: the safe side).
-        // Read at the new ring's newest slot (a clock reading of 0 is behind it).
-        let (s, counts) = new.ring().counts_by_age(g, 0);
-        let in_new = |slot: u64| {
-            s.checked_sub(slot)
-                .and_then(|a| counts.get(a as usize))
-                .copied()
-                .unwrap_or(0)
-        };
-        let mut admitted_old = std::collections::BTreeMap::new();
-        let in_old = all[..setup].iter().map(|&d| (d, false));
-        for (d, moved) in in_old.chain(raced.iter().copied()) {
-            if d.is_allowed() && !moved {
-                *admitted_old.entry(d.slot).or_insert(0u64) += d.cost as u64;
-            }
-        }
-        // Units still in the new ring's span (an idle ring's are all out of it).
-        for (&slot, &units) in &admitted_old {
-            if slot + g.n >= s {
-                assert!(
-                    in_new(slot) >= units,
-                    "{units} units of slot {slot} not copied"
-                );
-            }
-        }
-        raced
-    }
-
-    fn checks_racing_a_move_are_counted_once_in_one_ring_or_the_other<H: Head>() {
-        bounded(3).check(|| {
-            // Slot 0 holds one unit of 2; a checks in slot 0 and b in slot 1
-            // while the ring moves: at most one of them passes, wherever.
-            let raced = moved_while_checked::<H>(geometry(2, 2), &[(0, 1)], 15, &[(5, 1), (15, 1)]);
-            assert!(raced.iter().filter(|(d, _)| d.is_allowed()).count() <= 1);
-        });
-    }
-
-    fn a_move_racing_the_reset_of_an_idle_ring_loses_no_admitted_unit<H: Head>() {
-        bounded(3).check(|| {
-            // The ring is idle at slot 10; a check there resets it while the
-            // mover retires it (waiting out the reset): it is moved live, or
-            // dropped idle and the check starts over in the new table. Either
-            // way a limit of 1 admits at most one unit.
-            let raced =
-                moved_while_checked::<H>(geometry(1, 2), &[(0, 1)], 100, &[(100, 1), (105, 1)]);
-            assert!(raced.iter().filter(|(d, _)| d.is_allowed()).count() <= 1);
-        });
-    }
-
-    /// A move as a rebuild makes it when it can wait out the checks holding
-    /// the old table (`partition`): the writer publishes the sealed table,
-    /// then waits until no check holds the old one, then reads the old ring
-    /// as it is, with no retirement, and copies it if live. A check that
-    /// loads the sealed table waits for the writer's lock and loads again.
-    ///
-    /// The hold is arc-swap's contract, written out with loom's atomics (loom
-    /// cannot run arc-swap itself): a check is counted as holding before it
-    /// loads the table and until it has let go (a guard, which arc-swap turns
-    /// into a reference count once the table is swapped out); the writer
-    /// swaps the table, then waits for the count to fall, with acquire. The
-    /// ring's words are the real code's.
-    fn moved_alone_while_checked<H: Head>(
-        g: Geometry,
-        setup: &[(u64, u32)],
-        move_at: u64,
-        checks: &[(u64, u32)],
-    ) -> Vec<(Decision, bool)> {
-        use loom::sync::atomic::{fence, AtomicUsize};
-        use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
-        const OLD: usize = 0;
-        const SEALED: usize = 1;
-        let old = Arc::new(OwnedRing::<H>::new(&g, 0));
-        let new = Arc::new(OwnedRing::<H>::new(&g, 0));
-        let table = Arc::new(AtomicUsize::new(OLD));
-        let writer = Arc::new(Mutex::new(()));
-        let all: Vec<Decision> = setup
-            .iter()
-            .map(|&(t, c)| old.ring().acquire(&g, t, c))
-            .collect();
-        // The checks holding the old table.
-        let holding = Arc::new(AtomicUsize::new(0));
-        let held = writer.lock().unwrap();
-        let handles: Vec<_> = checks
-            .iter()
-            .map(|&(t, c)| {
-                let (old, new, table) = (old.clone(), new.clone(), table.clone());
-                let (writer, holding) = (writer.clone(), holding.clone());
-                loom::thread::spawn(move || {
-                    holding.fetch_add(1, SeqCst);
-                    // loom weakens SeqCst accesses to AcqRel (see `sync`):
-                    // the fence restores their order against the writer's.
-                    fence(SeqCst);
-                    if table.load(SeqCst) == OLD {
-                        // Never retired on this path: the check counts here.
-                        let d = old.ring().try_acquire(&g, t, c);
-                        holding.fetch_sub(1, Release);
-                        return (d.expect("a ring retired on the waited-out path"), false);
-                    }
-                    // The sealed table: as `Partition::table`, let go of it,
-                    // wait for the writer, then use the table it published.
-                    holding.fetch_sub(1, Release);
-                    drop(writer.lock().unwrap());
-                    (new.ring().acquire(&g, t, c), true)
-                })
-            })
-            .collect();
-        table.swap(SEALED, SeqCst);
-        fence(SeqCst);
-        while holding.load(SeqCst) != 0 {
-            loom::thread::yield_now();
-        }
-        fence(Acquire);
-        match old.ring().state_unreachable(&g, g.slot(move_at)) {
-            Retired::Live => old.ring().copy_unreachable_to(&g, &new.ring()),
-            Retired::Idle => new.ring().init(&g, g.slot(move_at), &[]),
-            Retired::Already => unreachable!("only the mover retires"),
-        }
-        drop(held);
-        moved_units_are_all_in_the_copy(&g, all, handles, &new)
-    }
-
-    fn checks_racing_a_sealed_move_are_counted_once_in_one_ring_or_the_other<H: Head>() {
-        bounded(3).check(|| {
-            // As the move with retirement above: slot 0 holds one unit of 2;
-            // a checks in slot 0 and b in slot 1 while the ring moves.
-            let raced =
-                moved_alone_while_checked::<H>(geometry(2, 2), &[(0, 1)], 15, &[(5, 1), (15, 1)]);
-            assert!(raced.iter().filter(|(d, _)| d.is_allowed()).count() <= 1);
-        });
-    }
-
-    fn a_sealed_move_racing_the_reset_of_an_idle_ring_loses_no_admitted_unit<H: Head>() {
-        bounded(3).check(|| {
-            // As with retirement above: the ring is idle at slot 10, a check
-            // there resets it while the ring moves; it counts in the old ring
-            // before the handshake (and is copied) or in the new one after.
-            // A limit of 1 admits at most one unit.
-            let raced = moved_alone_while_checked::<H>(
-                geometry(1, 2),
-                &[(0, 1)],
-                100,
-                &[(100, 1), (105, 1)],
-            );
-            assert!(raced.iter().filter(|(d, _)| d.is_allowed()).count() <= 1);
-        });
-    }
-
-    fn a_stale_check_racing_a_revival_is_clamped_to_the_new_slot<H: Head>() {
-        bounded(3).check(|| {
-            // Limit 1. The ring holds a unit at slot 0 and goes idle; the writer
-            // retires it at slot 10 and revives it there for its key (empty),
-            // then checks. a read the clock in slot 0: it is refused, admitted
-            // at slot 0 before the retirement (never in a span of the revived
-            // ring), or clamped to slot 10, where only one check passes.
-            let g = geometry(1, 2);
-            let ring = Arc::new(OwnedRing::<H>::new(&g, 0));
-            let first = ring.ring().acquire(&g, 0, 1);
-            let a = {
-                let ring = ring.clone();
-                loom::thread::spawn(move || ring.ring().try_acquire(&g, 5, 1))
-            };
-            let mut all = vec![first];
-            if ring.ring().retire(&g, 100) {
-                ring.ring().revive(&g, 10, &[]);
-            }
-            all.push(ring.ring().acquire(&g, 100, 1));
-            if let Some(d) = a.join().unwrap() {
-                assert!(!d.is_allowed() || d.slot == 0 || d.slot >= 10, "{d:?}");
-                all.push(d);
-            }
-            // The units admitted at slot 0 belong to the retired ring's life:
-            // check the revived ring's spans (slots 10 on) on their own.
-            let revived: Vec<Decision> = all.iter().copied().filter(|d| d.slot >= 10).collect();
-            assert_within_limit(&g, &revived);
         });
     }
 }

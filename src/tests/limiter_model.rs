@@ -952,7 +952,7 @@ proptest! {
 /// instant, and its times count from the clock's reading.
 struct HeldModel {
     span: SpanModel,
-    /// The key's ring: its newest slot, or `None` once a sweep retired it.
+    /// The key's ring: its newest slot, or `None` once a sweep dropped it.
     newest: Option<u64>,
     swept_at: u64,
     next_sweep_at: u64,
