@@ -54,7 +54,7 @@
 //! `retain_recent` thread) and the sweeper's rounds with nothing to drop.
 //!
 //! ```sh
-//! cargo bench --bench http_keys    # 21 rounds, 2 s per run, 32 connections (~2.5 min)
+//! cargo bench --bench http_keys    # 21 rounds, 2 s per run, 32 connections (~3 min)
 //! HTTP_KEYS_BENCH_MS=3000 HTTP_KEYS_BENCH_ROUNDS=30 HTTP_KEYS_BENCH_CONNS=64 cargo bench --bench http_keys
 //! ```
 //!
