@@ -11,9 +11,9 @@
 //! The lock is std's: no `unsafe` here, and none in the table.
 
 use crate::ring::{Geometry, Head, Ring};
-use crate::table::Table;
+use crate::table::{Place, Table};
 use crate::trim;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// See the module docs.
@@ -106,23 +106,29 @@ impl<K: Hash + Eq, H: Head> Writing<'_, K, H> {
 
     /// Track `key`, absent from the table, with a ring at slot `s` holding
     /// `counts` ([`Ring::init`]); its position.
-    pub(crate) fn insert<S: BuildHasher>(
+    pub(crate) fn insert(&mut self, hash: u64, key: K, init: (&Geometry, u64, &[u64])) -> usize {
+        let (g, s, counts) = init;
+        self.table.insert(hash, key, |ring| ring.init(g, s, counts))
+    }
+
+    /// The position of `key`, found, or added with the key `owned` gives and
+    /// a ring that `init` writes ([`Table::find_or_insert`]).
+    pub(crate) fn find_or_insert(
         &mut self,
         hash: u64,
-        key: K,
-        init: (&Geometry, u64, &[u64]),
-        hasher: &S,
-    ) -> usize {
-        let (g, s, counts) = init;
-        self.table
-            .insert(hash, key, hasher, |ring| ring.init(g, s, counts))
+        key: &K,
+        owned: impl FnOnce() -> K,
+        init: impl FnOnce(Ring<'_, H>),
+    ) -> Place {
+        self.table.find_or_insert(hash, key, owned, init)
     }
 
     /// Drop the keys idle at `now`, compacting the table if few are left;
     /// how many. The memory the table gives up counts for a trim.
-    pub(crate) fn sweep<S: BuildHasher>(&mut self, g: &Geometry, now: u64, hasher: &S) -> usize {
+    pub(crate) fn sweep(&mut self, g: &Geometry, now: u64) -> usize {
         let before = self.table.bytes();
-        let dropped = self.table.retain(g, hasher, |ring| ring.is_idle(g, now));
+        let slot = g.slot(now);
+        let dropped = self.table.retain(g, |ring| ring.is_idle_at_slot(g, slot));
         trim::given_up(before.saturating_sub(self.table.bytes()));
         dropped
     }
@@ -134,6 +140,7 @@ mod tests {
     use crate::ring::Compact;
     use crate::table::KeyHasher;
     use crate::Policy;
+    use std::hash::BuildHasher;
     use std::time::Duration;
 
     const MS: u64 = 1_000_000;
@@ -145,12 +152,12 @@ mod tests {
         let p: Partition<u64, Compact> = Partition::new(g.ring_len());
         for k in 0..1_000u64 {
             let mut w = p.write();
-            w.insert(h.hash_one(k), k, (&g, 0, &[1]), &h);
+            w.insert(h.hash_one(k), k, (&g, 0, &[1]));
         }
         let bytes = p.bytes();
         assert!(bytes > 80_000, "{bytes} bytes");
         let counted = trim::tests::given_up_by_this_thread();
-        assert_eq!(p.write().sweep(&g, 2_000 * MS, &h), 1_000);
+        assert_eq!(p.write().sweep(&g, 2_000 * MS), 1_000);
         assert!(p.is_empty());
         assert_eq!(p.bytes(), 0);
         assert_eq!(trim::tests::given_up_by_this_thread() - counted, bytes);
@@ -161,7 +168,7 @@ mod tests {
         let g = Geometry::new(&Policy::per(3, Duration::from_secs(1)).unwrap());
         let h = KeyHasher::default();
         let p: Partition<u64, Compact> = Partition::new(g.ring_len());
-        p.write().insert(h.hash_one(7u64), 7, (&g, 0, &[]), &h);
+        p.write().insert(h.hash_one(7u64), 7, (&g, 0, &[]));
         let first = p.read();
         let second = p.read();
         assert!(p.try_write().is_none(), "a writer while checks read");

@@ -1,10 +1,12 @@
 //! A partition's keys and their rings: a plain map, changed only under the
 //! partition's writer lock and read under its reader lock (see `partition`).
 //!
-//! Each key has a position: the key and its ring's head in `entries[i]`,
-//! the ring's buckets in `lines`, `ring_len` words from word `i * ring_len`.
-//! An index (hashbrown's `HashTable` of positions, by the keys' hashes)
-//! finds a key's position. A key dropped as idle frees its position, which
+//! Each key has a position: the key, 32 bits of its hash and its ring's
+//! head in `entries[i]`, the ring's buckets in `lines`, `ring_len` words from
+//! word `i * ring_len`. An index (hashbrown's `HashTable` of positions, by
+//! those 32 bits of the keys' hashes) finds a key's position; the index grows,
+//! and a sweep finds a dropped key's place in it, from the stored bits, so
+//! neither hashes a key again. A key dropped as idle frees its position, which
 //! the next new key takes, so keys that come and go cost no copying; the
 //! arrays grow by a fifth when every position is taken, and a sweep that
 //! leaves few keys compacts them (or frees them, with none left), so memory
@@ -16,7 +18,7 @@
 
 use crate::ring::{Geometry, Head, Line, LineOf, Ring};
 use hashbrown::HashTable;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 
 /// The hasher of a limiter's keys (seeded per limiter, so that clients
 /// cannot choose keys that collide): foldhash's quality variant, not its
@@ -27,17 +29,27 @@ pub(crate) type KeyHasher = foldhash::quality::RandomState;
 /// Arrays with any room never have room for fewer keys than this.
 pub(crate) const MIN_CAPACITY: usize = 8;
 
-/// A key and its ring's head, at one position; `None` for a free position.
+/// A key, the low 32 bits of its hash and its ring's head, at one position;
+/// `None` for a free position.
 #[derive(Debug)]
 struct Entry<K, H> {
     key: Option<K>,
+    hash: u32,
     head: H,
+}
+
+/// The index's hash of a key of `hash`: its low 32 bits (which the entry
+/// keeps), spread over 64 by an odd multiplier, since hashbrown takes its
+/// bucket from the low bits and its tag from the top ones.
+#[inline(always)]
+fn index_hash(hash: u64) -> u64 {
+    u64::from(hash as u32).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Table<K, H: Head> {
-    /// Positions, by the hash of the key there.
+    /// Positions, by the [`index_hash`] of the key there.
     index: HashTable<u32>,
     entries: Vec<Entry<K, H>>,
     /// Each position's buckets, `ring_len` words from word `i * ring_len`.
@@ -45,6 +57,41 @@ pub(crate) struct Table<K, H: Head> {
     /// Positions whose key was dropped, to be taken again.
     free: Vec<u32>,
     ring_len: usize,
+}
+
+/// Where [`Table::find_or_insert`] found or put a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    Found(usize),
+    Added(usize),
+}
+
+/// A position for a new key: a free one, else a new one at the end of the
+/// arrays (grown by a fifth when full), its ring's lines zeroed.
+fn take_position<K, H: Head>(
+    entries: &mut Vec<Entry<K, H>>,
+    lines: &mut Vec<LineOf<H>>,
+    free: &mut Vec<u32>,
+    ring_len: usize,
+) -> usize {
+    if let Some(i) = free.pop() {
+        return i as usize;
+    }
+    let i = entries.len();
+    if i == entries.capacity() {
+        let more = capacity_for(i + 1) - i;
+        entries.reserve_exact(more);
+        let words = (i + more) * ring_len;
+        lines.reserve_exact(words.div_ceil(LineOf::<H>::WORDS) - lines.len());
+    }
+    entries.push(Entry {
+        key: None,
+        hash: 0,
+        head: H::new(0, None),
+    });
+    let words = (i + 1) * ring_len;
+    lines.resize_with(words.div_ceil(LineOf::<H>::WORDS), LineOf::<H>::new);
+    i
 }
 
 /// The room arrays holding `keys` keys get when they grow (none for none):
@@ -122,89 +169,100 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     pub(crate) fn find(&self, hash: u64, key: &K) -> Option<usize> {
         let entries = &self.entries;
         self.index
-            .find(hash, |&i| entries[i as usize].key.as_ref() == Some(key))
+            .find(index_hash(hash), |&i| {
+                entries[i as usize].key.as_ref() == Some(key)
+            })
             .map(|&i| i as usize)
     }
 
     /// Track `key` (of `hash`), which the table does not hold, with a ring
     /// that `init` writes: at a free position, else at a new one (the arrays
     /// grown by a fifth when full). Its position.
-    pub(crate) fn insert<S: BuildHasher>(
+    pub(crate) fn insert(&mut self, hash: u64, key: K, init: impl FnOnce(Ring<'_, H>)) -> usize {
+        let i = take_position(
+            &mut self.entries,
+            &mut self.lines,
+            &mut self.free,
+            self.ring_len,
+        );
+        let entries = &self.entries;
+        self.index.insert_unique(index_hash(hash), i as u32, |&j| {
+            index_hash(entries[j as usize].hash.into())
+        });
+        let entry = &mut self.entries[i];
+        entry.key = Some(key);
+        entry.hash = hash as u32;
+        init(self.ring(i));
+        i
+    }
+
+    /// The position of `key` (of `hash`), found, or added with the key
+    /// `owned` gives and a ring that `init` writes, as [`insert`](Self::insert)
+    /// does: one probe of the index either way.
+    pub(crate) fn find_or_insert(
         &mut self,
         hash: u64,
-        key: K,
-        hasher: &S,
+        key: &K,
+        owned: impl FnOnce() -> K,
         init: impl FnOnce(Ring<'_, H>),
-    ) -> usize {
-        let i = match self.free.pop() {
-            Some(i) => i as usize,
-            None => {
-                let i = self.entries.len();
-                if i == self.entries.capacity() {
-                    let more = capacity_for(i + 1) - i;
-                    self.entries.reserve_exact(more);
-                    let words = (i + more) * self.ring_len;
-                    let lines = words.div_ceil(LineOf::<H>::WORDS);
-                    self.lines.reserve_exact(lines - self.lines.len());
-                }
-                self.entries.push(Entry {
-                    key: None,
-                    head: H::new(0, None),
-                });
-                let words = (i + 1) * self.ring_len;
-                let lines = words.div_ceil(LineOf::<H>::WORDS);
-                self.lines.resize_with(lines, LineOf::<H>::new);
-                i
-            }
-        };
-        init(self.ring(i));
+    ) -> Place {
         let entries = &self.entries;
-        self.index.insert_unique(hash, i as u32, |&j| {
-            entries[j as usize]
-                .key
-                .as_ref()
-                .map_or(0, |key| hasher.hash_one(key))
-        });
-        self.entries[i].key = Some(key);
-        i
+        let place = self.index.entry(
+            index_hash(hash),
+            |&i| entries[i as usize].key.as_ref() == Some(key),
+            |&j| index_hash(entries[j as usize].hash.into()),
+        );
+        let vacant = match place {
+            hashbrown::hash_table::Entry::Occupied(found) => {
+                return Place::Found(*found.get() as usize)
+            }
+            hashbrown::hash_table::Entry::Vacant(vacant) => vacant,
+        };
+        let i = take_position(
+            &mut self.entries,
+            &mut self.lines,
+            &mut self.free,
+            self.ring_len,
+        );
+        vacant.insert(i as u32);
+        let entry = &mut self.entries[i];
+        entry.key = Some(owned());
+        entry.hash = hash as u32;
+        init(self.ring(i));
+        Place::Added(i)
     }
 
     /// Drop the keys `idle` says are (their positions go free), then, if
     /// few keys are left, compact the arrays (free them with none left).
-    /// How many were dropped.
-    pub(crate) fn retain<S: BuildHasher>(
+    /// How many were dropped. The positions are read in order, each head
+    /// once: a sweep reads the arrays front to back.
+    pub(crate) fn retain(
         &mut self,
         g: &Geometry,
-        hasher: &S,
         mut idle: impl FnMut(Ring<'_, H>) -> bool,
     ) -> usize {
-        let (entries, lines, free, ring_len) = (
-            &mut self.entries,
-            &self.lines,
-            &mut self.free,
-            self.ring_len,
-        );
         let mut dropped = 0;
-        self.index.retain(|&mut i| {
-            let i = i as usize;
-            let ring = Ring::new(&entries[i].head, lines, i * ring_len);
-            if !idle(ring) {
-                return true;
+        for i in 0..self.entries.len() {
+            if self.entries[i].key.is_none() || !idle(self.ring(i)) {
+                continue;
             }
-            entries[i].key = None;
-            free.push(i as u32);
+            let hash = index_hash(self.entries[i].hash.into());
+            if let Ok(found) = self.index.find_entry(hash, |&j| j as usize == i) {
+                found.remove();
+            }
+            self.entries[i].key = None;
+            self.free.push(i as u32);
             dropped += 1;
-            false
-        });
+        }
         if dropped > 0 && shrinks(self.len(), self.capacity()) {
-            self.compact(g, hasher);
+            self.compact(g);
         }
         dropped
     }
 
     /// Move the keys to the front of arrays sized for them (a fifth more),
     /// in the order of their positions, or free the arrays with no key.
-    fn compact<S: BuildHasher>(&mut self, g: &Geometry, hasher: &S) {
+    fn compact(&mut self, g: &Geometry) {
         let mut new = Table::new(self.ring_len);
         let live = self.len();
         if live > 0 {
@@ -214,11 +272,10 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
                 .reserve_exact((capacity * self.ring_len).div_ceil(LineOf::<H>::WORDS));
             new.index.reserve(capacity, |_| 0);
             let entries = std::mem::take(&mut self.entries);
-            for (i, Entry { key, head }) in entries.into_iter().enumerate() {
+            for (i, Entry { key, hash, head }) in entries.into_iter().enumerate() {
                 if let Some(key) = key {
                     let from = Ring::new(&head, &self.lines, i * self.ring_len);
-                    let hash = hasher.hash_one(&key);
-                    new.insert(hash, key, hasher, |to| from.copy_to(g, &to));
+                    new.insert(hash.into(), key, |to| from.copy_to(g, &to));
                 }
             }
         }
@@ -231,6 +288,7 @@ mod tests {
     use super::*;
     use crate::ring::Compact;
     use crate::Policy;
+    use std::hash::BuildHasher;
     use std::time::Duration;
 
     const MS: u64 = 1_000_000;
@@ -242,7 +300,7 @@ mod tests {
 
     /// Track `k` with one unit at `now`.
     fn add(t: &mut Table<u64, Compact>, g: &Geometry, h: &KeyHasher, k: u64, now: u64) -> usize {
-        let i = t.insert(h.hash_one(k), k, h, |ring| ring.init(g, g.slot(now), &[]));
+        let i = t.insert(h.hash_one(k), k, |ring| ring.init(g, g.slot(now), &[]));
         assert!(t.ring(i).acquire(g, now, 1).is_allowed());
         i
     }
@@ -290,7 +348,7 @@ mod tests {
         // ones come: the arrays never grow.
         for round in 1..=10u64 {
             let now = round * 2_000 * MS;
-            assert_eq!(t.retain(&g, &h, |ring| ring.is_idle(&g, now)), 1_000);
+            assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, now)), 1_000);
             for k in 0..1_000u64 {
                 add(&mut t, &g, &h, round * 1_000 + k, now);
             }
@@ -311,13 +369,13 @@ mod tests {
         let i = t.find(h.hash_one(7u64), &7).unwrap();
         assert!(t.ring(i).acquire(&g, 2_000 * MS, 2).is_allowed());
         let (big, bytes) = (t.capacity(), t.bytes());
-        assert_eq!(t.retain(&g, &h, |ring| ring.is_idle(&g, 2_500 * MS)), 3_999);
+        assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, 2_500 * MS)), 3_999);
         assert!(t.capacity() < big / 100, "room for {}", t.capacity());
         assert!(t.bytes() < bytes / 100);
         assert_eq!(used(&t, &g, &h, 7, 2_500 * MS), Some(2));
         assert_eq!(used(&t, &g, &h, 8, 2_500 * MS), None);
         // Once key 7 is idle too, the arrays go.
-        assert_eq!(t.retain(&g, &h, |ring| ring.is_idle(&g, 5_000 * MS)), 1);
+        assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, 5_000 * MS)), 1);
         assert_eq!((t.len(), t.bytes()), (0, 0));
         add(&mut t, &g, &h, 7, 5_000 * MS);
         assert_eq!(used(&t, &g, &h, 7, 5_000 * MS), Some(1));
@@ -330,7 +388,7 @@ mod tests {
         let mut t: Table<std::sync::Arc<u64>, Compact> = Table::new(g.ring_len());
         let keys: Vec<_> = (0..100).map(std::sync::Arc::new).collect();
         for k in &keys {
-            t.insert(h.hash_one(k), k.clone(), &h, |ring| ring.init(&g, 0, &[1]));
+            t.insert(h.hash_one(k), k.clone(), |ring| ring.init(&g, 0, &[1]));
         }
         assert!(keys.iter().all(|k| std::sync::Arc::strong_count(k) == 2));
         // The even keys are used again later; the odd ones go idle and are
@@ -339,7 +397,7 @@ mod tests {
             let i = t.find(h.hash_one(k), k).unwrap();
             assert!(t.ring(i).acquire(&g, 1_500 * MS, 1).is_allowed());
         }
-        assert_eq!(t.retain(&g, &h, |ring| ring.is_idle(&g, 2_000 * MS)), 50);
+        assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, 2_000 * MS)), 50);
         for (n, k) in keys.iter().enumerate() {
             assert_eq!(std::sync::Arc::strong_count(k), 2 - n % 2, "key {n}");
         }

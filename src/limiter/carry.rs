@@ -75,7 +75,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock, H: Head> State<K, C
                 let mut writing = self.partition_to_add(&key).write();
                 if writing.find(key.hash, key.key).is_none() {
                     let init = (&self.shape, s, &counts[..]);
-                    writing.insert(key.hash, key.key.clone(), init, &self.hasher);
+                    writing.insert(key.hash, key.key.clone(), init);
                     tracked += 1;
                 }
             });

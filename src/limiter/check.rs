@@ -6,6 +6,7 @@ use super::state::{Lookup, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::ring::{Geometry, Head, WindowSnapshot};
+use crate::table::Place;
 use std::hash::Hash;
 use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 
@@ -121,27 +122,37 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         // type's `Clone` never holds up the partition's checks.
         let owned = key.key.clone();
         let mut writing = self.partition_to_add(&key).write();
-        if let Some(i) = writing.find(key.hash, key.key) {
-            // Another check tracked it first: give the place back.
-            self.keys.fetch_sub(1, Relaxed);
-            return writing.ring(i).acquire(g, now, cost);
-        }
-        // A sweep publishes `swept_at` before it drops a key, under the
-        // writer's lock, so this reads the newest relevant one: a key
-        // dropped by a sweep restarts no earlier than the sweep, so a check
-        // that read the clock before it never records beside the units the
-        // dropped ring held.
-        let start = now.max(self.swept_at.load(SeqCst));
-        // While the overflow ring may hold this key's units, an empty ring
-        // would let the key through twice: start from a copy of the overflow
-        // ring's counts, taken after the mark was read, so it holds them.
-        let (s, counts) = if g.slot(start) < self.overflow_mark(&key) {
-            self.overflow.ring().counts_by_age(g, start)
-        } else {
-            (g.slot(start), Vec::new())
+        let place = writing.find_or_insert(
+            key.hash,
+            key.key,
+            || owned,
+            |ring| {
+                // A sweep publishes `swept_at` before it drops a key, under the
+                // writer's lock, so this reads the newest relevant one: a key
+                // dropped by a sweep restarts no earlier than the sweep, so a
+                // check that read the clock before it never records beside the
+                // units the dropped ring held.
+                let start = now.max(self.swept_at.load(SeqCst));
+                // While the overflow ring may hold this key's units, an empty
+                // ring would let the key through twice: start from a copy of the
+                // overflow ring's counts, taken after the mark was read, so it
+                // holds them.
+                if g.slot(start) < self.overflow_mark(&key) {
+                    let (s, counts) = self.overflow.ring().counts_by_age(g, start);
+                    ring.init(g, s, &counts);
+                } else {
+                    ring.init(g, g.slot(start), &[]);
+                }
+            },
+        );
+        let i = match place {
+            Place::Added(i) => i,
+            Place::Found(i) => {
+                // Another check tracked it first: give the place back.
+                self.keys.fetch_sub(1, Relaxed);
+                i
+            }
         };
-        let init = (g, s, &counts[..]);
-        let i = writing.insert(key.hash, owned, init, &self.hasher);
         writing.ring(i).acquire(g, now, cost)
     }
 }

@@ -181,7 +181,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         // Before any key is dropped: a check that then finds its key gone
         // starts the new ring no earlier than this.
         self.swept_at.fetch_max(now, SeqCst);
-        let dropped = writing.sweep(&self.shape, now, &self.hasher);
+        let dropped = writing.sweep(&self.shape, now);
         self.count_evicted(dropped);
         dropped
     }

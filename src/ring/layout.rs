@@ -275,6 +275,10 @@ pub(crate) trait Head: Send + Sync + Debug + Sized + 'static {
     /// Set the head to slot `s` with `base`, by swaps: to end a reset (the
     /// base first, so that the swap that clears the flag comes last).
     fn set(&self, s: u64, base: Option<u64>);
+    /// [`set`](Self::set) for a head no other thread reads yet (a ring being
+    /// made, published later by a lock or a release store): plain stores,
+    /// as [`Bucket::store_unpublished`].
+    fn set_unpublished(&self, s: u64, base: Option<u64>);
 }
 
 /// The compact layout's head: `RESETTING | (unused) | base (16 bits, at 46) | slot (46 bits)`.
@@ -341,6 +345,10 @@ impl Head for Compact {
     }
     fn set(&self, s: u64, base: Option<u64>) {
         self.0.swap(Compact::word(s, base), SeqCst);
+    }
+    #[inline(always)]
+    fn set_unpublished(&self, s: u64, base: Option<u64>) {
+        self.0.store_unpublished(Compact::word(s, base));
     }
 }
 
@@ -421,6 +429,11 @@ impl Head for Wide {
     fn set(&self, s: u64, base: Option<u64>) {
         self.base.swap(Wide::base_word(s, base), SeqCst);
         self.newest.swap(s, SeqCst);
+    }
+    #[inline(always)]
+    fn set_unpublished(&self, s: u64, base: Option<u64>) {
+        self.base.store_unpublished(Wide::base_word(s, base));
+        self.newest.store_unpublished(s);
     }
 }
 

@@ -409,7 +409,7 @@ impl<'a, H: Head> Ring<'a, H> {
         for p in 0..g.ring_len() {
             self.word(p).store_unpublished(word(p));
         }
-        self.head.set(s, base);
+        self.head.set_unpublished(s, base);
     }
 
     /// Check `cost` units at time `now` and count them if they fit.
@@ -698,12 +698,19 @@ impl<'a, H: Head> Ring<'a, H> {
                 to.word(p).store_unpublished(self.word(p).load());
             }
         }
-        to.head.set(s, base);
+        to.head.set_unpublished(s, base);
     }
 
-    /// Whether the ring is idle at `now` (see `idle`), read once.
+    /// Whether the ring is idle at `slot` (see `idle_at_slot`), read once.
+    /// A slot, not a time: a sweep works it out once for all its rings.
+    pub(crate) fn is_idle_at_slot(&self, g: &Geometry, slot: u64) -> bool {
+        idle_at_slot::<H>(g, self.head.load(), slot)
+    }
+
+    /// [`is_idle_at_slot`](Self::is_idle_at_slot) at the slot of `now`.
+    #[cfg(all(test, not(tsw_loom)))]
     pub(crate) fn is_idle(&self, g: &Geometry, now: u64) -> bool {
-        idle::<H>(g, self.head.load(), now)
+        self.is_idle_at_slot(g, g.slot(now))
     }
 
     /// Step 1: the slot this attempt runs at, published in the head; `None` to
@@ -1111,13 +1118,8 @@ fn scan_from_counts(counts: &[u64], g: &Geometry) -> Scan {
     }
 }
 
-/// Whether a ring whose head word reads `raw` is idle at `now`: more than
+/// Whether a ring whose head word reads `raw` is idle at `slot`: more than
 /// `N` slots behind, not being reset.
-fn idle<H: Head>(g: &Geometry, raw: u64, now: u64) -> bool {
-    idle_at_slot::<H>(g, raw, g.slot(now))
-}
-
-/// [`idle`] at the slot of `now`, for a loop over many rings.
 fn idle_at_slot<H: Head>(g: &Geometry, raw: u64, slot: u64) -> bool {
     raw & FLAGS == 0 && slot.saturating_sub(H::newest(raw)) > g.n
 }
