@@ -59,6 +59,13 @@ pub(crate) struct Table<K, H: Head> {
     ring_len: usize,
 }
 
+/// Whether [`Table::retain`] compacts the arrays when it leaves few keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shrink {
+    IfFew,
+    Never,
+}
+
 /// Where [`Table::find_or_insert`] found or put a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Place {
@@ -234,13 +241,16 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
 
     /// Drop the keys `idle` says are (their positions go free), then, if
     /// few keys are left, compact the arrays (free them with none left).
-    /// How many were dropped. The positions are read in order, each head
-    /// once: a sweep reads the arrays front to back.
+    /// How many were dropped, and the arrays compaction replaced, for the
+    /// caller to free once it has let go of the lock (freeing large arrays
+    /// may take the kernel a while). The positions are read in order, each
+    /// head once: a sweep reads the arrays front to back.
     pub(crate) fn retain(
         &mut self,
         g: &Geometry,
+        shrink: Shrink,
         mut idle: impl FnMut(Ring<'_, H>) -> bool,
-    ) -> usize {
+    ) -> (usize, Option<Table<K, H>>) {
         let mut dropped = 0;
         for i in 0..self.entries.len() {
             if self.entries[i].key.is_none() || !idle(self.ring(i)) {
@@ -254,15 +264,17 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
             self.free.push(i as u32);
             dropped += 1;
         }
-        if dropped > 0 && shrinks(self.len(), self.capacity()) {
-            self.compact(g);
-        }
-        dropped
+        // Also when this sweep dropped none: a sweep that may not shrink (a
+        // check's) may have dropped them.
+        let few = shrinks(self.len(), self.capacity());
+        let replaced = (shrink == Shrink::IfFew && few).then(|| self.compact(g));
+        (dropped, replaced)
     }
 
     /// Move the keys to the front of arrays sized for them (a fifth more),
-    /// in the order of their positions, or free the arrays with no key.
-    fn compact(&mut self, g: &Geometry) {
+    /// in the order of their positions, or free the arrays with no key. The
+    /// old arrays, for the caller to free once it has let go of the lock.
+    fn compact(&mut self, g: &Geometry) -> Table<K, H> {
         let mut new = Table::new(self.ring_len);
         let live = self.len();
         if live > 0 {
@@ -271,15 +283,15 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
             new.lines
                 .reserve_exact((capacity * self.ring_len).div_ceil(LineOf::<H>::WORDS));
             new.index.reserve(capacity, |_| 0);
-            let entries = std::mem::take(&mut self.entries);
-            for (i, Entry { key, hash, head }) in entries.into_iter().enumerate() {
-                if let Some(key) = key {
-                    let from = Ring::new(&head, &self.lines, i * self.ring_len);
+            for i in 0..self.entries.len() {
+                if let Some(key) = self.entries[i].key.take() {
+                    let hash = self.entries[i].hash;
+                    let from = self.ring(i);
                     new.insert(hash.into(), key, |to| from.copy_to(g, &to));
                 }
             }
         }
-        *self = new;
+        std::mem::replace(self, new)
     }
 }
 
@@ -348,7 +360,10 @@ mod tests {
         // ones come: the arrays never grow.
         for round in 1..=10u64 {
             let now = round * 2_000 * MS;
-            assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, now)), 1_000);
+            assert_eq!(
+                t.retain(&g, Shrink::IfFew, |ring| ring.is_idle(&g, now)).0,
+                1_000
+            );
             for k in 0..1_000u64 {
                 add(&mut t, &g, &h, round * 1_000 + k, now);
             }
@@ -369,13 +384,21 @@ mod tests {
         let i = t.find(h.hash_one(7u64), &7).unwrap();
         assert!(t.ring(i).acquire(&g, 2_000 * MS, 2).is_allowed());
         let (big, bytes) = (t.capacity(), t.bytes());
-        assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, 2_500 * MS)), 3_999);
+        assert_eq!(
+            t.retain(&g, Shrink::IfFew, |ring| ring.is_idle(&g, 2_500 * MS))
+                .0,
+            3_999
+        );
         assert!(t.capacity() < big / 100, "room for {}", t.capacity());
         assert!(t.bytes() < bytes / 100);
         assert_eq!(used(&t, &g, &h, 7, 2_500 * MS), Some(2));
         assert_eq!(used(&t, &g, &h, 8, 2_500 * MS), None);
         // Once key 7 is idle too, the arrays go.
-        assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, 5_000 * MS)), 1);
+        assert_eq!(
+            t.retain(&g, Shrink::IfFew, |ring| ring.is_idle(&g, 5_000 * MS))
+                .0,
+            1
+        );
         assert_eq!((t.len(), t.bytes()), (0, 0));
         add(&mut t, &g, &h, 7, 5_000 * MS);
         assert_eq!(used(&t, &g, &h, 7, 5_000 * MS), Some(1));
@@ -397,7 +420,11 @@ mod tests {
             let i = t.find(h.hash_one(k), k).unwrap();
             assert!(t.ring(i).acquire(&g, 1_500 * MS, 1).is_allowed());
         }
-        assert_eq!(t.retain(&g, |ring| ring.is_idle(&g, 2_000 * MS)), 50);
+        assert_eq!(
+            t.retain(&g, Shrink::IfFew, |ring| ring.is_idle(&g, 2_000 * MS))
+                .0,
+            50
+        );
         for (n, k) in keys.iter().enumerate() {
             assert_eq!(std::sync::Arc::strong_count(k), 2 - n % 2, "key {n}");
         }

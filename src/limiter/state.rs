@@ -36,10 +36,12 @@ pub(super) const PARTITION_SHIFT: u32 = 42;
 /// to do beyond its own key is one partition's worth: a sweep step, the
 /// partition's arrays grown, a wait for another key's writer. So this bounds
 /// the slowest check (tens of microseconds), up to `MAX_PARTITIONS`
-/// partitions (a cap of 1M keys). Beyond, a partition holds a 1024th of the
-/// cap.
+/// partitions (a cap of 4M keys). Beyond, a partition holds a 4096th of the
+/// cap. A partition's arrays then stay small enough for the allocator to
+/// serve from its heap (about 100 KiB), not from pages of their own, whose
+/// freeing takes the kernel longer.
 pub(crate) const KEYS_PER_PARTITION: usize = 1024;
-pub(super) const MAX_PARTITIONS: usize = 1024;
+pub(super) const MAX_PARTITIONS: usize = 4096;
 /// Bucket widths in which checks alone go round every partition (at most
 /// one partition a bucket width below that many partitions).
 pub(super) const SWEEP_ROUND_BUCKETS: usize = 32;

@@ -6,6 +6,7 @@ use super::state::{next_slot_start, State};
 use crate::clock::{saturating_nanos, Clock};
 use crate::partition::Writing;
 use crate::ring::Head;
+use crate::table::Shrink;
 use crate::trim;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -165,7 +166,10 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         } else {
             let p = self.sweep_cursor.fetch_add(1, Relaxed) % partitions.len();
             if let Some(writing) = partitions[p].try_write() {
-                self.sweep_with(writing, now);
+                // A check drops idle keys, but leaves the arrays as they are
+                // (their free positions are taken again by new keys): freeing
+                // memory is the sweeper's and `evict_idle`'s (see `trim`).
+                self.sweep_with(writing, now, Shrink::Never);
             }
         }
         #[cfg(feature = "metrics")]
@@ -173,15 +177,15 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
     }
 
     pub(super) fn sweep_partition(&self, p: usize, now: u64) -> usize {
-        self.sweep_with(self.partitions()[p].write(), now)
+        self.sweep_with(self.partitions()[p].write(), now, Shrink::IfFew)
     }
 
     /// Sweep the partition `writing` holds the lock of.
-    pub(super) fn sweep_with(&self, mut writing: Writing<'_, K, H>, now: u64) -> usize {
+    pub(super) fn sweep_with(&self, writing: Writing<'_, K, H>, now: u64, shrink: Shrink) -> usize {
         // Before any key is dropped: a check that then finds its key gone
         // starts the new ring no earlier than this.
         self.swept_at.fetch_max(now, SeqCst);
-        let dropped = writing.sweep(&self.shape, now);
+        let dropped = writing.sweep(&self.shape, now, shrink);
         self.count_evicted(dropped);
         dropped
     }
