@@ -1,9 +1,10 @@
-//! The Redis store's circuit breaker: after a run of failures it stops asking
-//! Redis for a cool-down and the store answers at once, as its
+//! The Redis store's circuit breaker: after a run of failures, or a timeout
+//! during which Redis decided nothing, it stops asking Redis for a cool-down
+//! and the store answers at once, as its
 //! [`FailurePolicy`](super::FailurePolicy) says; then one probe finds out
 //! whether Redis is back.
 
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
@@ -12,9 +13,16 @@ use std::time::{Duration, Instant};
 /// long: its circuit breaker, given to
 /// [`RedisStoreBuilder::circuit_breaker`](super::RedisStoreBuilder::circuit_breaker).
 ///
-/// After [`failures`](CircuitBreaker::failures) failed decisions in a row
-/// (connection refused or dropped, timeouts, error replies) the breaker
-/// **opens**: for a cool-down the store asks Redis nothing and answers every
+/// The breaker **opens** after [`failures`](CircuitBreaker::failures) failed
+/// calls in a row (connection refused or dropped, timeouts, error replies),
+/// or at once when a call times out and Redis decided no call at all while it
+/// waited: Redis (or the link to it) has then been silent for a whole
+/// timeout, a stall that every call in flight waits out. Counting failures in
+/// a row alone would see a stall late wherever few calls reach Redis (the
+/// deny cache answers an over-limit key locally, and each call that does go
+/// waits the timeout), so a stall is told by the silence instead: it opens
+/// within one timeout of the first call that meets it.
+/// While open, for a cool-down the store asks Redis nothing and answers every
 /// decision at once as its [`FailurePolicy`](super::FailurePolicy) says
 /// (unchecked, or a [`StoreError`] of the failure that opened it). When the
 /// cool-down ends it is **half-open**: exactly one decision goes to Redis as a
@@ -23,11 +31,13 @@ use std::time::{Duration, Instant};
 /// again with the cool-down doubled, up to
 /// [`max_cool_down`](CircuitBreaker::max_cool_down).
 ///
-/// The default ([`CircuitBreaker::default`]): open after 5 failures in a row,
-/// cool down 100 ms, doubling up to 2 s.
-/// - 5: an isolated timeout or a restart that drops the requests in flight
-///   does not open it, while in a real outage 5 failures take a few
-///   milliseconds of traffic (and each at most the timeout).
+/// The default ([`CircuitBreaker::default`]): open after 5 failures in a row
+/// (or a silent timeout), cool down 100 ms, doubling up to 2 s.
+/// - 5: a restart that drops the calls in flight, or a timeout while Redis
+///   goes on deciding other calls (one slow call), does not open it, while a
+///   Redis that refuses connections takes 5 failures of a few microseconds
+///   each. A silent timeout opens it whatever this number: every call that
+///   waited through it failed too, and the next ones would wait as long.
 /// - 100 ms: a short blip is probed again soon, so decisions resume within
 ///   about 100 ms of Redis' return.
 /// - Doubling to 2 s: how long decisions stay unchecked (or refused) after
@@ -68,8 +78,9 @@ impl CircuitBreaker {
         max_cool_down: Duration::ZERO,
     };
 
-    /// Open after `failures` failed decisions in a row (0 turns the breaker
-    /// off), for `cool_down` at first, doubling after each failed probe up to
+    /// Open after `failures` failed calls in a row, or at a call's timeout
+    /// during which Redis decided nothing (0 turns the breaker off), for
+    /// `cool_down` at first, doubling after each failed probe up to
     /// `max_cool_down` (a maximum below `cool_down` means no doubling).
     /// [`build`](super::RedisStoreBuilder::build) rejects a zero `cool_down`.
     pub const fn new(failures: u32, cool_down: Duration, max_cool_down: Duration) -> Self {
@@ -80,7 +91,8 @@ impl CircuitBreaker {
         }
     }
 
-    /// Failed decisions in a row that open the breaker (0: off).
+    /// Failed calls in a row that open the breaker (0: off); a silent timeout
+    /// opens it sooner.
     pub const fn failures(&self) -> u32 {
         self.failures
     }
@@ -134,6 +146,10 @@ const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
 const STATE_BITS: u32 = 2;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+/// How stale the time of the last success may be: a timeout is silent only
+/// if no call succeeded after it was sent, so a success recorded this much
+/// early can only make a silent timeout of one that was nearly so.
+const SUCCESS_RESOLUTION_US: u64 = 100;
 
 /// What the breaker says about a decision.
 pub(crate) enum Admit {
@@ -159,6 +175,10 @@ pub(crate) struct Breaker {
     word: AtomicU64,
     /// Failed decisions since the last success.
     in_a_row: AtomicU32,
+    /// When Redis last decided a call, in µs since `origin` (written at most
+    /// once per [`SUCCESS_RESOLUTION_US`], so that a store under load does
+    /// not write this line on every decision).
+    last_success_us: AtomicU64,
     /// The cool-down of the current (or last) opening, in µs.
     cool_down_us: AtomicU64,
     /// When it last opened from closed, in µs since `origin`.
@@ -185,6 +205,7 @@ impl Breaker {
             origin: Instant::now(),
             word: AtomicU64::new(CLOSED),
             in_a_row: AtomicU32::new(0),
+            last_success_us: AtomicU64::new(0),
             cool_down_us: AtomicU64::new(base_us),
             opened_at_us: AtomicU64::new(0),
             cause: RwLock::new(None),
@@ -195,7 +216,13 @@ impl Breaker {
     }
 
     fn now_us(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX >> STATE_BITS)
+        self.us(Instant::now())
+    }
+
+    /// `at` in µs since `origin` (0 before it).
+    fn us(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_micros())
+            .unwrap_or(u64::MAX >> STATE_BITS)
     }
 
     /// May this decision ask Redis? With `may_probe` false (a caller that
@@ -254,24 +281,36 @@ impl Breaker {
         }
     }
 
-    /// Redis decided a decision that was not the probe.
+    /// Redis decided a call that was not the probe.
     #[inline]
     pub(crate) fn succeeded(&self) {
-        // Read first: a store under load must not write this line on every decision.
+        // Read first: a store under load must not write these lines on every decision.
         if self.in_a_row.load(Ordering::Relaxed) != 0 {
             self.in_a_row.store(0, Ordering::Relaxed);
         }
+        self.note_success(self.now_us());
     }
 
-    /// A decision that was not the probe failed with `error`. Failures of
-    /// decisions sent before the breaker opened change nothing while it is open.
-    pub(crate) fn failed(&self, error: &StoreError) {
+    fn note_success(&self, now: u64) {
+        if now >= self.last_success_us.load(Ordering::Relaxed) + SUCCESS_RESOLUTION_US {
+            self.last_success_us.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// A call that was not the probe, sent at `sent`, failed with `error`.
+    /// Failures of calls sent before the breaker opened change nothing while
+    /// it is open. Whether it was a silent timeout (Redis decided no call
+    /// while it waited).
+    pub(crate) fn failed(&self, error: &StoreError, sent: Instant) -> bool {
         let in_a_row = self
             .in_a_row
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
-        if in_a_row < self.threshold || self.word.load(Ordering::Acquire) != CLOSED {
-            return;
+        // A timeout during which Redis decided nothing: a stall, not one slow call.
+        let silent = error.kind() == StoreErrorKind::Timeout
+            && self.last_success_us.load(Ordering::Relaxed) < self.us(sent);
+        if (in_a_row < self.threshold && !silent) || self.word.load(Ordering::Acquire) != CLOSED {
+            return silent;
         }
         // Before the state: whoever sees it open finds this cause.
         self.set_cause(error);
@@ -289,10 +328,12 @@ impl Breaker {
             tracing::warn!(
                 kind = ?error.kind(),
                 failures_in_a_row = in_a_row,
+                silent_timeout = silent,
                 cool_down = ?Duration::from_micros(cool_down),
                 "Redis circuit breaker opened: decisions answered without Redis for the cool-down: {error}"
             );
         }
+        silent
     }
 
     /// The probe's outcome: `None` when Redis decided it, else its failure.
@@ -302,6 +343,7 @@ impl Breaker {
         match failure {
             None => {
                 self.in_a_row.store(0, Ordering::Relaxed);
+                self.note_success(now);
                 self.cool_down_us.store(self.base_us, Ordering::Relaxed);
                 self.word.store(CLOSED, Ordering::Release);
                 let opened_at = self.opened_at_us.load(Ordering::Relaxed);
@@ -374,7 +416,6 @@ impl Drop for Probe<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreErrorKind;
 
     fn refused() -> StoreError {
         StoreError::new(StoreErrorKind::ConnectionRefused, Duration::from_secs(1))
@@ -416,14 +457,14 @@ mod tests {
     #[test]
     fn opens_after_the_run_and_a_success_breaks_the_run() {
         let b = breaker(3, 10_000, 10_000);
-        b.failed(&refused());
-        b.failed(&refused());
+        assert!(!b.failed(&refused(), Instant::now()));
+        assert!(!b.failed(&refused(), Instant::now()));
         b.succeeded();
-        b.failed(&refused());
-        b.failed(&refused());
+        assert!(!b.failed(&refused(), Instant::now()));
+        assert!(!b.failed(&refused(), Instant::now()));
         assert_eq!(b.state(), BreakerState::Closed);
         assert!(matches!(b.admit(true), Admit::Ask));
-        b.failed(&refused());
+        assert!(!b.failed(&refused(), Instant::now()));
         assert_eq!(b.state(), BreakerState::Open);
         assert_eq!(b.opens.load(Ordering::Relaxed), 1);
         match b.admit(true) {
@@ -437,7 +478,10 @@ mod tests {
             Some(StoreErrorKind::ConnectionRefused)
         );
         // Late failures of decisions sent before it opened change nothing.
-        b.failed(&StoreError::new(StoreErrorKind::Timeout, Duration::ZERO));
+        b.failed(
+            &StoreError::new(StoreErrorKind::Timeout, Duration::ZERO),
+            Instant::now(),
+        );
         assert_eq!(b.opens.load(Ordering::Relaxed), 1);
         assert_eq!(
             b.cause().map(|e| e.kind()),
@@ -446,10 +490,43 @@ mod tests {
     }
 
     #[test]
+    fn a_timeout_during_which_redis_decided_nothing_opens_at_once() {
+        let b = breaker(5, 10_000, 10_000);
+        let timeout = StoreError::new(StoreErrorKind::Timeout, Duration::ZERO);
+        // Sent, then Redis decided another call while it waited: one slow call.
+        let sent = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        b.succeeded();
+        assert!(!b.failed(&timeout, sent));
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Other failures that come back at once are counted in a row only.
+        assert!(!b.failed(&refused(), Instant::now()));
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Sent after the last success, timed out with no success since: silent.
+        std::thread::sleep(Duration::from_millis(1));
+        assert!(b.failed(&timeout, Instant::now()));
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.opens.load(Ordering::Relaxed), 1);
+        assert_eq!(b.cause().map(|e| e.kind()), Some(StoreErrorKind::Timeout));
+    }
+
+    #[test]
+    fn a_silent_timeout_opens_even_a_breaker_of_many_failures() {
+        let b = breaker(u32::MAX, 10_000, 10_000);
+        let timeout = StoreError::new(StoreErrorKind::Timeout, Duration::ZERO);
+        for _ in 0..100 {
+            assert!(!b.failed(&refused(), Instant::now()));
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.failed(&timeout, Instant::now());
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
     fn one_probe_then_closed_or_open_again_with_a_doubled_cool_down() {
         let b = breaker(1, 20, 50);
         let opened = Instant::now();
-        b.failed(&refused());
+        assert!(!b.failed(&refused(), Instant::now()));
         // The clock is read in whole µs: allow a rounding below the cool-down.
         let probed = wait_for_probe(&b);
         assert!(probed - opened >= Duration::from_millis(19));
@@ -480,7 +557,7 @@ mod tests {
     #[test]
     fn a_caller_that_cannot_probe_leaves_the_probe_to_the_next() {
         let b = breaker(1, 1, 1);
-        b.failed(&refused());
+        assert!(!b.failed(&refused(), Instant::now()));
         std::thread::sleep(Duration::from_millis(5));
         assert!(matches!(b.admit(false), Admit::Ask));
         assert_eq!(b.state(), BreakerState::Open);
@@ -490,7 +567,7 @@ mod tests {
     #[test]
     fn a_dropped_probe_lets_the_next_decision_probe() {
         let b = breaker(1, 1, 1000);
-        b.failed(&refused());
+        assert!(!b.failed(&refused(), Instant::now()));
         wait_for_probe(&b);
         drop(Probe::new(&b));
         assert_eq!(b.state(), BreakerState::Open);

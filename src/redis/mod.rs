@@ -22,8 +22,9 @@
 //! reconnects when it drops. It makes one connection attempt at a time, so a
 //! refused connection fails the decision at once with its cause instead of
 //! holding it until the timeout; the next decision tries again. After 3
-//! timeouts in a row the store replaces it, since a connection gone silent
-//! without closing is not one the manager notices.
+//! timeouts in a row, or at a timeout during which Redis decided nothing
+//! (when the circuit breaker is on), the store replaces it, since a
+//! connection gone silent without closing is not one the manager notices.
 //! [`RedisStoreBuilder::connection`] takes any other `redis` crate async
 //! connection instead, such as a cluster connection for Redis Cluster.
 
@@ -144,8 +145,9 @@ pub struct RedisStoreStats {
     pub failed_open: u64,
     /// Where the circuit breaker stands now.
     pub breaker: BreakerState,
-    /// Times the circuit breaker opened after a run of failures (a failed
-    /// probe that opens it again is not counted here).
+    /// Times the circuit breaker opened from closed, after a run of failures
+    /// or a silent timeout (a failed probe that opens it again is not
+    /// counted here).
     pub breaker_opens: u64,
     /// Probes sent to Redis by the half-open breaker.
     pub breaker_probes: u64,
@@ -190,7 +192,9 @@ struct Counters {
 /// A decision that timed out may still be counted by Redis when it gets to it
 /// (the safe side).
 ///
-/// **Circuit breaker:** after 5 failed decisions in a row (by default) the
+/// **Circuit breaker:** after 5 failed calls in a row (by default), or at
+/// once when a call times out and Redis decided no call while it waited (a
+/// stall, seen within a timeout of the first call it holds), the
 /// store stops asking Redis for a cool-down of 100 ms, doubling after each
 /// failed probe up to 2 s, and answers every decision at once as the
 /// [`FailurePolicy`] says: unchecked, or a [`StoreError`] with the kind and
@@ -592,8 +596,9 @@ impl RedisStoreBuilder {
     }
 
     /// When to stop asking Redis after failures, and for how long (default
-    /// [`CircuitBreaker::default`]: open after 5 failures in a row, cool down
-    /// 100 ms doubling up to 2 s; [`CircuitBreaker::OFF`] turns it off). While
+    /// [`CircuitBreaker::default`]: open after 5 failures in a row or a
+    /// timeout during which Redis decided nothing, cool down 100 ms doubling
+    /// up to 2 s; [`CircuitBreaker::OFF`] turns it off). While
     /// it is open, decisions are answered at once per the [`FailurePolicy`]:
     /// see [`CircuitBreaker`].
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
@@ -813,8 +818,8 @@ enum Connection {
 
 /// The `redis` crate's `ConnectionManager`, which reconnects when its
 /// connection drops or errors, replaced by a fresh one after
-/// [`REPLACE_AFTER_TIMEOUTS`] timeouts in a row (it does not reconnect on a
-/// timeout, so a connection gone silent would be kept).
+/// [`REPLACE_AFTER_TIMEOUTS`] timeouts in a row or a silent one (it does not
+/// reconnect on a timeout, so a connection gone silent would be kept).
 struct Managed {
     client: Client,
     config: ConnectionManagerConfig,
@@ -847,9 +852,7 @@ impl Connection {
         }
     }
 
-    /// A request timed out; after enough in a row, start a fresh connection
-    /// (lazily: it connects on its first request). Requests already sent on the
-    /// old one finish or time out there.
+    /// A request timed out; after enough in a row, start a fresh connection.
     fn timed_out(&self) {
         let Connection::Managed(m) = self else {
             return;
@@ -859,11 +862,33 @@ impl Connection {
         {
             return;
         }
-        m.timeouts_in_a_row.store(0, Relaxed);
+        m.replace();
+    }
+}
+
+impl Connection {
+    /// A call timed out while nothing was answered: replace a managed
+    /// connection now (at most once per [`REPLACE_INTERVAL`]) instead of
+    /// after [`REPLACE_AFTER_TIMEOUTS`] in a row, which the open breaker's
+    /// probes would take a few cool-downs to reach.
+    fn stalled(&self) {
+        if let Connection::Managed(m) = self {
+            if m.replacements.due(Instant::now()) {
+                m.replace();
+            }
+        }
+    }
+}
+
+impl Managed {
+    /// A fresh connection (lazily: it connects on its first request).
+    /// Requests already sent on the old one finish or time out there.
+    fn replace(&self) {
+        self.timeouts_in_a_row.store(0, Relaxed);
         if let Ok(fresh) =
-            ConnectionManager::new_lazy_with_config(m.client.clone(), m.config.clone())
+            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
         {
-            *m.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+            *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         }
     }
 }
@@ -1133,7 +1158,7 @@ impl Inner {
                 Ok(decision)
             }
             Err(failure) => {
-                let error = self.note_failure(failure, probe);
+                let error = self.note_failure(failure, probe, sent);
                 self.apply_policy(error)
             }
         }
@@ -1191,10 +1216,15 @@ impl Inner {
         }
     }
 
-    /// Count a failure, tell the breaker (a failed probe opens it again), and
-    /// warn, at most once per [`WARN_INTERVAL`]: a Redis outage under load
-    /// must not turn into a flood of log lines.
-    fn note_failure(&self, failure: Failure, probe: Option<Probe<'_>>) -> StoreError {
+    /// Count a failure of a call sent at `sent`, tell the breaker (a failed
+    /// probe opens it again), and warn, at most once per [`WARN_INTERVAL`]: a
+    /// Redis outage under load must not turn into a flood of log lines.
+    fn note_failure(
+        &self,
+        failure: Failure,
+        probe: Option<Probe<'_>>,
+        sent: Instant,
+    ) -> StoreError {
         let error = failure.into_error(self.closed_retry_after);
         bump(&self.counters.failures);
         if error.kind() == StoreErrorKind::Timeout {
@@ -1203,7 +1233,14 @@ impl Inner {
         self.metrics.error(error.kind());
         match (probe, &self.breaker) {
             (Some(probe), _) => probe.finish(Some(&error)),
-            (None, Some(breaker)) => breaker.failed(&error),
+            (None, Some(breaker)) => {
+                if breaker.failed(&error, sent) {
+                    // Nothing came back on the connection for a whole timeout:
+                    // it may be one gone silent, which the breaker's probes
+                    // would otherwise keep waiting on.
+                    self.conn.stalled();
+                }
+            }
             (None, None) => {}
         }
         self.breaker_changed();
@@ -1260,10 +1297,11 @@ impl Inner {
             .arg(cost)
             .arg(self.width_us)
             .arg(self.buckets);
+        let sent = Instant::now();
         match self.invoke::<i64>(&invocation).await {
             Ok(_) => self.redis_answered(None),
             Err(failure) => {
-                self.note_failure(failure, None);
+                self.note_failure(failure, None, sent);
             }
         }
         // A check sent before the undo reached Redis may have been denied and
