@@ -20,7 +20,8 @@ pub(crate) use self::off::*;
 #[cfg(feature = "metrics")]
 mod on {
     /// Checks of a policy's store, by outcome: `allowed`, `denied`, and for a
-    /// store that could not decide, `failed_open` or `failed_closed`.
+    /// store that could not decide, `failed_open` or `failed_closed`. The
+    /// Redis store's own metrics are in `redis::metrics`.
     pub(crate) const DECISIONS: &str = "tower_sliding_window_decisions_total";
     /// Checks the shared overflow ring decided (the limiter at `max_keys`).
     pub(crate) const OVERFLOW_DECISIONS: &str = "tower_sliding_window_overflow_decisions_total";
@@ -31,146 +32,11 @@ mod on {
     pub(crate) const REQUESTS: &str = "tower_sliding_window_requests_total";
     /// How long admitted requests waited for their turn.
     pub(crate) const WAIT_SECONDS: &str = "tower_sliding_window_wait_seconds";
-    /// Failures of a remote store, by cause.
-    #[cfg(feature = "redis")]
-    pub(crate) const STORE_ERRORS: &str = "tower_sliding_window_store_errors_total";
-    /// The Redis store's calls to Redis, answered or timed out.
-    #[cfg(feature = "redis")]
-    pub(crate) const REDIS_ROUND_TRIP: &str = "tower_sliding_window_redis_round_trip_seconds";
-    /// Redis decisions the local deny cache answered.
-    #[cfg(feature = "redis")]
-    pub(crate) const REDIS_DENY_CACHE_HITS: &str =
-        "tower_sliding_window_redis_deny_cache_hits_total";
-    /// Times the Redis store's circuit breaker opened from closed.
-    #[cfg(feature = "redis")]
-    pub(crate) const REDIS_BREAKER_OPENS: &str = "tower_sliding_window_redis_breaker_opens_total";
-    /// Where the breaker stands: 0 closed, 1 open, 2 half-open.
-    #[cfg(feature = "redis")]
-    pub(crate) const REDIS_BREAKER_STATE: &str = "tower_sliding_window_redis_breaker_state";
-
     use ::metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
     /// When a request started to wait.
     pub(crate) struct WaitStarted(tokio::time::Instant);
-
-    /// When a call to a remote store was sent.
-    #[cfg(feature = "redis")]
-    pub(crate) struct CallStarted(std::time::Instant);
-
-    /// A Redis store's decisions, failures, round trips and breaker. Off the
-    /// in-memory hot path: each decision costs a round trip (or is a rarer
-    /// local answer), next to which a counter increment is nothing.
-    #[cfg(feature = "redis")]
-    pub(crate) struct RedisMetrics {
-        allowed: Counter,
-        denied: Counter,
-        failed_open: Counter,
-        failed_closed: Counter,
-        /// Indexed by [`kind_index`].
-        errors: [Counter; 8],
-        round_trip: Histogram,
-        deny_cache_hits: Counter,
-        breaker_opens: Counter,
-        breaker_state: Gauge,
-        /// Breaker openings already handed to the recorder.
-        flushed_opens: AtomicU64,
-    }
-
-    #[cfg(feature = "redis")]
-    const KINDS: [crate::StoreErrorKind; 8] = {
-        use crate::StoreErrorKind::*;
-        [
-            Timeout,
-            ConnectionRefused,
-            Connection,
-            Unauthorized,
-            OutOfMemory,
-            Unavailable,
-            Script,
-            Other,
-        ]
-    };
-
-    #[cfg(feature = "redis")]
-    fn kind_index(kind: crate::StoreErrorKind) -> usize {
-        KINDS
-            .iter()
-            .position(|k| *k == kind)
-            .unwrap_or(KINDS.len() - 1)
-    }
-
-    #[cfg(feature = "redis")]
-    impl RedisMetrics {
-        pub(crate) fn new(policy: &str) -> Self {
-            let decisions = |outcome: &'static str| counter!(DECISIONS, "policy" => policy.to_owned(), "store" => "redis", "outcome" => outcome);
-            RedisMetrics {
-                allowed: decisions("allowed"),
-                denied: decisions("denied"),
-                failed_open: decisions("failed_open"),
-                failed_closed: decisions("failed_closed"),
-                errors: KINDS.map(|kind| {
-                    counter!(STORE_ERRORS, "policy" => policy.to_owned(), "store" => "redis", "kind" => kind.label())
-                }),
-                round_trip: histogram!(REDIS_ROUND_TRIP, "policy" => policy.to_owned()),
-                deny_cache_hits: counter!(REDIS_DENY_CACHE_HITS, "policy" => policy.to_owned()),
-                breaker_opens: counter!(REDIS_BREAKER_OPENS, "policy" => policy.to_owned()),
-                breaker_state: gauge!(REDIS_BREAKER_STATE, "policy" => policy.to_owned()),
-                flushed_opens: AtomicU64::new(0),
-            }
-        }
-
-        /// A decision the store made (by Redis or locally).
-        pub(crate) fn decided(&self, allowed: bool) {
-            if allowed { &self.allowed } else { &self.denied }.increment(1);
-        }
-
-        /// A decision the store could not make, answered per the failure policy.
-        pub(crate) fn failed(&self, open: bool) {
-            if open {
-                &self.failed_open
-            } else {
-                &self.failed_closed
-            }
-            .increment(1);
-        }
-
-        pub(crate) fn error(&self, kind: crate::StoreErrorKind) {
-            self.errors[kind_index(kind)].increment(1);
-        }
-
-        pub(crate) fn deny_cache_hit(&self) {
-            self.deny_cache_hits.increment(1);
-        }
-
-        pub(crate) fn call_started(&self) -> CallStarted {
-            CallStarted(std::time::Instant::now())
-        }
-
-        pub(crate) fn call_ended(&self, started: CallStarted) {
-            self.round_trip.record(started.0.elapsed().as_secs_f64());
-        }
-
-        /// The breaker's state and openings, after it may have changed.
-        pub(crate) fn breaker(&self, state: crate::redis::BreakerState, opens: u64) {
-            use crate::redis::BreakerState;
-            self.breaker_state.set(match state {
-                BreakerState::Open => 1.0,
-                BreakerState::HalfOpen => 2.0,
-                _ => 0.0,
-            });
-            let before = self.flushed_opens.fetch_max(opens, Relaxed);
-            if opens > before {
-                self.breaker_opens.increment(opens - before);
-            }
-        }
-
-        /// The breaker's first `opens` openings were reported elsewhere (by
-        /// the store this one was reconfigured from, under its name).
-        pub(crate) fn skip_opens(&self, opens: u64) {
-            self.flushed_opens.fetch_max(opens, Relaxed);
-        }
-    }
 
     /// An in-memory limiter's checks, handed over from its own counters.
     pub(crate) struct LimiterMetrics {
@@ -289,46 +155,6 @@ mod on {
 #[cfg(not(feature = "metrics"))]
 mod off {
     pub(crate) struct WaitStarted;
-
-    #[cfg(feature = "redis")]
-    pub(crate) struct CallStarted;
-
-    #[cfg(feature = "redis")]
-    pub(crate) struct RedisMetrics;
-
-    #[cfg(feature = "redis")]
-    impl RedisMetrics {
-        #[inline(always)]
-        pub(crate) fn new(_policy: &str) -> Self {
-            RedisMetrics
-        }
-
-        #[inline(always)]
-        pub(crate) fn decided(&self, _allowed: bool) {}
-
-        #[inline(always)]
-        pub(crate) fn failed(&self, _open: bool) {}
-
-        #[inline(always)]
-        pub(crate) fn error(&self, _kind: crate::StoreErrorKind) {}
-
-        #[inline(always)]
-        pub(crate) fn deny_cache_hit(&self) {}
-
-        #[inline(always)]
-        pub(crate) fn call_started(&self) -> CallStarted {
-            CallStarted
-        }
-
-        #[inline(always)]
-        pub(crate) fn call_ended(&self, _started: CallStarted) {}
-
-        #[inline(always)]
-        pub(crate) fn breaker(&self, _state: crate::redis::BreakerState, _opens: u64) {}
-
-        #[inline(always)]
-        pub(crate) fn skip_opens(&self, _opens: u64) {}
-    }
 
     pub(crate) struct LimiterMetrics;
 

@@ -31,6 +31,7 @@
 mod breaker;
 mod deny_cache;
 mod key;
+mod metrics;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use key::RedisKey;
@@ -39,9 +40,9 @@ pub use key::RedisKey;
 /// [`RedisStoreBuilder::client`] and [`RedisStoreBuilder::connection`].
 pub use ::redis;
 
+use self::metrics::RedisMetrics;
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
-use crate::metrics::RedisMetrics;
 use crate::policy::{Policy, Precision};
 use crate::stats::bump;
 use crate::store::{Store, StoreError, StoreErrorKind};
