@@ -17,7 +17,7 @@
 //! The limit is in none of them (nor in the default prefix): it is the
 //! script's argument, so a change of limit keeps the counts as they are.
 //!
-//! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
+//! The connection is the `redis` crate's [`ConnectionManager`](::redis::aio::ConnectionManager): one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
 //! reconnects when it drops. It makes one connection attempt at a time, so a
 //! refused connection fails the decision at once with its cause instead of
@@ -29,6 +29,7 @@
 //! connection instead, such as a cluster connection for Redis Cluster.
 
 mod breaker;
+mod connection;
 mod deny_cache;
 mod key;
 mod metrics;
@@ -46,17 +47,17 @@ use crate::error::ConfigError;
 use crate::policy::{Policy, Precision};
 use crate::stats::bump;
 use crate::store::{Store, StoreError, StoreErrorKind};
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{
-    Client, ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind,
-};
+use ::redis::aio::ConnectionManagerConfig;
+use ::redis::{Client, FromRedisValue, RedisError, Script, ScriptInvocation};
 use breaker::{Admit, Breaker, Probe};
+pub use connection::{AsyncConnection, AsyncConnectionHandle};
+use connection::{Connection, Failure};
 use deny_cache::DenyCache;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -73,14 +74,6 @@ const WARM_UP_MIN_PAUSE: Duration = Duration::from_millis(10);
 const WARM_UP_MAX_PAUSE: Duration = Duration::from_millis(200);
 /// At most one failure warning per this interval (the counters keep the total).
 const WARN_INTERVAL: Duration = Duration::from_secs(1);
-/// Timeouts in a row after which the managed connection is replaced: a
-/// connection gone silent without closing (a peer vanished without a reset) is
-/// otherwise kept until the OS gives up on it, many minutes later.
-const REPLACE_AFTER_TIMEOUTS: u32 = 3;
-/// At most one replacement per this interval, so a Redis that is merely slow
-/// under load is not also flooded with new connections.
-const REPLACE_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Lets one caller through per interval, without a lock: the first to find the
 /// interval over wins a compare-and-swap; the very first call is let through.
 struct Every {
@@ -686,18 +679,9 @@ impl RedisStoreBuilder {
                     .set_number_of_retries(0)
                     // Pipelined decisions from many concurrent requests queue here.
                     .set_pipeline_buffer_size(1024);
-                let current =
-                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                        .map_err(|e| ConfigError::InvalidRedisUrl {
-                            source: Box::new(e),
-                        })?;
-                Connection::Managed(Box::new(Managed {
-                    client,
-                    config,
-                    current: RwLock::new(current),
-                    timeouts_in_a_row: AtomicU32::new(0),
-                    replacements: Every::new(REPLACE_INTERVAL),
-                }))
+                Connection::managed(client, config).map_err(|e| ConfigError::InvalidRedisUrl {
+                    source: Box::new(e),
+                })?
             }
             (None, Some(connection)) => connection,
             (None, None) => return Err(ConfigError::NoRedis),
@@ -786,203 +770,6 @@ fn new_deny_cache(capacity: usize, policy: &Policy) -> Option<DenyCache> {
             policy.window() + policy.bucket_width(),
         )
     })
-}
-
-/// An async `redis` crate connection a [`RedisStore`] can decide over, given to
-/// [`RedisStoreBuilder::connection`]. Implemented for every cloneable
-/// `redis::aio::ConnectionLike` (a `MultiplexedConnection`, a
-/// `ConnectionManager`, a `cluster_async::ClusterConnection`, …).
-pub trait AsyncConnection: Send + Sync {
-    /// A handle to the same connection, for one request.
-    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle>;
-}
-
-/// One request's handle on an [`AsyncConnection`].
-pub trait AsyncConnectionHandle: ::redis::aio::ConnectionLike + Send {}
-
-impl<C: ::redis::aio::ConnectionLike + Send> AsyncConnectionHandle for C {}
-
-impl<C> AsyncConnection for C
-where
-    C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle> {
-        Box::new(self.clone())
-    }
-}
-
-/// The store's connection: managed (reconnects by itself) or the caller's own.
-enum Connection {
-    Managed(Box<Managed>),
-    Custom(Box<dyn AsyncConnection>),
-}
-
-/// The `redis` crate's `ConnectionManager`, which reconnects when its
-/// connection drops or errors, replaced by a fresh one after
-/// [`REPLACE_AFTER_TIMEOUTS`] timeouts in a row or a silent one (it does not
-/// reconnect on a timeout, so a connection gone silent would be kept).
-struct Managed {
-    client: Client,
-    config: ConnectionManagerConfig,
-    current: RwLock<ConnectionManager>,
-    timeouts_in_a_row: AtomicU32,
-    replacements: Every,
-}
-
-impl Connection {
-    fn is_managed(&self) -> bool {
-        matches!(self, Connection::Managed(_))
-    }
-
-    fn handle(&self) -> Handle {
-        match self {
-            Connection::Managed(m) => {
-                let current = m.current.read().unwrap_or_else(|e| e.into_inner());
-                Handle::Managed(current.clone())
-            }
-            Connection::Custom(conn) => Handle::Custom(conn.clone_box()),
-        }
-    }
-
-    /// A reply came back in time.
-    fn answered(&self) {
-        if let Connection::Managed(m) = self {
-            if m.timeouts_in_a_row.load(Relaxed) != 0 {
-                m.timeouts_in_a_row.store(0, Relaxed);
-            }
-        }
-    }
-
-    /// A request timed out; after enough in a row, start a fresh connection.
-    fn timed_out(&self) {
-        let Connection::Managed(m) = self else {
-            return;
-        };
-        if m.timeouts_in_a_row.fetch_add(1, Relaxed) + 1 < REPLACE_AFTER_TIMEOUTS
-            || !m.replacements.due(Instant::now())
-        {
-            return;
-        }
-        m.replace();
-    }
-}
-
-impl Connection {
-    /// A call timed out while nothing was answered: replace a managed
-    /// connection now (at most once per [`REPLACE_INTERVAL`]) instead of
-    /// after [`REPLACE_AFTER_TIMEOUTS`] in a row, which the open breaker's
-    /// probes would take a few cool-downs to reach.
-    fn stalled(&self) {
-        if let Connection::Managed(m) = self {
-            if m.replacements.due(Instant::now()) {
-                m.replace();
-            }
-        }
-    }
-}
-
-impl Managed {
-    /// A fresh connection (lazily: it connects on its first request).
-    /// Requests already sent on the old one finish or time out there.
-    fn replace(&self) {
-        self.timeouts_in_a_row.store(0, Relaxed);
-        if let Ok(fresh) =
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-        {
-            *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-        }
-    }
-}
-
-/// A per-request handle (the `redis` crate takes connections by `&mut`).
-enum Handle {
-    Managed(ConnectionManager),
-    Custom(Box<dyn AsyncConnectionHandle>),
-}
-
-impl ::redis::aio::ConnectionLike for Handle {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a ::redis::Cmd,
-    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
-        match self {
-            Handle::Managed(conn) => conn.req_packed_command(cmd),
-            Handle::Custom(conn) => conn.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a ::redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
-        match self {
-            Handle::Managed(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Handle::Custom(conn) => conn.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Handle::Managed(conn) => conn.get_db(),
-            Handle::Custom(conn) => conn.get_db(),
-        }
-    }
-}
-
-/// Why Redis could not decide.
-enum Failure {
-    Timeout,
-    Redis(RedisError),
-    Reply,
-}
-
-impl Failure {
-    /// The failure as a store error, keeping the `redis` crate's error as its
-    /// source.
-    fn into_error(self, retry_after: Duration) -> StoreError {
-        match self {
-            Failure::Timeout => StoreError::new(StoreErrorKind::Timeout, retry_after),
-            Failure::Redis(e) => StoreError::new(kind_of(&e), retry_after).with_source(e),
-            Failure::Reply => StoreError::new(StoreErrorKind::Script, retry_after)
-                .with_source("unexpected reply from the decision script"),
-        }
-    }
-}
-
-/// What kind of failure a `redis` crate error is.
-fn kind_of(e: &RedisError) -> StoreErrorKind {
-    if e.is_connection_refusal() {
-        return StoreErrorKind::ConnectionRefused;
-    }
-    if e.is_timeout() {
-        return StoreErrorKind::Timeout;
-    }
-    match e.code() {
-        Some("OOM") => return StoreErrorKind::OutOfMemory,
-        Some("NOAUTH" | "WRONGPASS") => return StoreErrorKind::Unauthorized,
-        _ => {}
-    }
-    match e.kind() {
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => StoreErrorKind::Connection,
-        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
-            StoreErrorKind::Unauthorized
-        }
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::TryAgain,
-        ) => StoreErrorKind::Unavailable,
-        ErrorKind::Server(
-            ServerErrorKind::ResponseError | ServerErrorKind::ExecAbort | ServerErrorKind::NoScript,
-        )
-        | ErrorKind::Parse
-        | ErrorKind::UnexpectedReturnType => StoreErrorKind::Script,
-        _ => StoreErrorKind::Other,
-    }
 }
 
 impl Inner {
