@@ -278,7 +278,7 @@ async fn script_is_reloaded_after_script_flush() {
     assert!(script_exists(&mut admin).await, "reloaded");
     assert_eq!(s.stats().failures, 0);
 
-    // The undo script reloads the same way.
+    // An undo (the same script) reloads it the same way.
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut admin)
@@ -286,21 +286,11 @@ async fn script_is_reloaded_after_script_flush() {
         .unwrap();
     Store::undo(&s, &"k", &d);
     // Bounded wait until the undo, sent in the background, has reached Redis:
-    // the key's slot fields (all but "t<width>:<buckets>", its newest slot)
-    // then hold the first unit only.
+    // the key then holds the first unit only.
     let key = s.redis_key(&"k");
     let mut counted = 0;
     for _ in 0..400 {
-        let fields: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
-            .arg(&key)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        counted = fields
-            .iter()
-            .filter(|(f, _)| !f.starts_with('t') && *f != "c")
-            .map(|(_, c)| c)
-            .sum();
+        counted = PackedKey::units_of(&mut admin, &key).await;
         if counted == 1 {
             break;
         }

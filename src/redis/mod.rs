@@ -6,18 +6,23 @@
 //! more than `limit` admitted units across all instances. Time comes from Redis'
 //! own `TIME`, so instances whose clocks disagree still agree on the window.
 //!
-//! Each key is one hash, `prefix{key}`: the hash tag keeps a key's data in one
-//! Redis Cluster slot, and it expires by itself (`PEXPIRE`) once its units have
-//! left the window, so Redis memory tracks the keys active in the last window.
-//! Its fields: `t<width µs>:<buckets>`, the newest slot entered, named for
-//! the geometry the slots are numbered in; one field per slot number holding
-//! units; and `c`, the slot at which the key was last converted from another
-//! bucket width (after [`RedisStore::reconfigured`] changed the window or
-//! buckets; absent if never).
-//! The limit is in none of them (nor in the default prefix): it is the
-//! script's argument, so a change of limit keeps the counts as they are.
+//! Each key is one string, `prefix{key}`: the hash tag keeps a key's data in
+//! one Redis Cluster slot, and it expires by itself (`SET … PX`) once its units
+//! have left the window, so Redis memory tracks the keys active in the last
+//! window. Its value is packed (`struct.pack` in the script): the geometry its
+//! slots are numbered in (bucket width and count), the newest slot entered,
+//! the slot at which it was last converted from another bucket width (after
+//! [`RedisStore::reconfigured`] changed the window or buckets), then one
+//! record per slot holding units inside the window, newest first. A decision
+//! reads it with one `GET` and writes it with one `SET` (with `TIME`, three
+//! commands, as a GCRA script's). The limit is in none of it (nor in the
+//! default prefix): it is the script's argument, so a change of limit keeps
+//! the counts as they are. An undo runs the same script, handing units back
+//! to their slot. Redis 5 or later (or Valkey): the script writes after
+//! reading `TIME`, which needs effects replication, the default since 5.
 //!
-//! The connection is the `redis` crate's [`ConnectionManager`](::redis::aio::ConnectionManager): one multiplexed
+//! The connection is the `redis` crate's
+//! [`ConnectionManager`](::redis::aio::ConnectionManager): one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
 //! reconnects when it drops. It makes one connection attempt at a time, so a
 //! refused connection fails the decision at once with its cause instead of
@@ -62,7 +67,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 const CHECK_SCRIPT: &str = include_str!("check.lua");
-const UNDO_SCRIPT: &str = include_str!("undo.lua");
 
 /// Lua numbers are doubles: every product the script forms must stay below 2^53.
 const LUA_EXACT: u128 = 1 << 53;
@@ -167,6 +171,16 @@ struct Counters {
     warned_failures: AtomicU64,
 }
 
+/// What the script answered: the decision, the units it counted (its cost,
+/// and a lease's), and how long its slot lasted then.
+struct Answer {
+    decision: Decision,
+    #[allow(dead_code)]
+    granted: u32,
+    #[allow(dead_code)]
+    valid: Duration,
+}
+
 /// A sliding-window [`Store`] in Redis, shared by every instance that points at
 /// the same Redis and prefix. Cloning is cheap; clones share the connection,
 /// counters and deny cache.
@@ -249,7 +263,6 @@ struct Inner {
     prefix: Vec<u8>,
     conn: Arc<Connection>,
     check: Script,
-    undo: Script,
     timeout: Duration,
     failure: FailurePolicy,
     closed_retry_after: Duration,
@@ -421,7 +434,6 @@ impl RedisStore {
             prefix: old.prefix.clone(),
             conn: old.conn.clone(),
             check: Script::new(CHECK_SCRIPT),
-            undo: Script::new(UNDO_SCRIPT),
             timeout: old.timeout,
             failure: old.failure,
             closed_retry_after: old.closed_retry_after,
@@ -476,7 +488,23 @@ impl RedisStore {
     #[cfg(all(test, not(tsw_loom)))]
     pub(crate) async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
         if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
-            self.inner.run_undo(user, slot, cost).await;
+            self.inner.run_undo(user, slot, cost, None).await;
+        }
+    }
+
+    /// [`Store::undo`] at a given Redis time, awaited (for tests that decide
+    /// at injected times: the script hands units back only to slots inside
+    /// the window of its time).
+    #[cfg(all(test, not(tsw_loom)))]
+    pub(crate) async fn undo_at<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        decision: &Decision,
+        now: Duration,
+    ) {
+        if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
+            let now_us = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+            self.inner.run_undo(user, slot, cost, Some(now_us)).await;
         }
     }
 }
@@ -560,8 +588,8 @@ impl RedisStoreBuilder {
     /// counts; a [`reconfigured`](RedisStore::reconfigured) store keeps its
     /// prefix whatever the new policy. It must not contain `{` or `}`: the
     /// key's hash tag follows it. A custom prefix kept across a change of
-    /// bucket width meets the old slots: the key records its geometry (in
-    /// the name of its newest-slot field), and the first check under another
+    /// bucket width meets the old slots: the key records its geometry, and
+    /// the first check under another
     /// width converts its counts as [`RedisStore::reconfigured`] describes.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
@@ -698,7 +726,6 @@ impl RedisStoreBuilder {
             prefix: prefix.into_bytes(),
             conn: Arc::new(conn),
             check: Script::new(CHECK_SCRIPT),
-            undo: Script::new(UNDO_SCRIPT),
             timeout: self.timeout,
             failure: self.failure,
             closed_retry_after: self.closed_retry_after,
@@ -812,10 +839,7 @@ impl Inner {
             let mut pause = WARM_UP_MIN_PAUSE;
             loop {
                 let mut conn = self.conn.handle();
-                let loaded = async {
-                    self.check.load_async(&mut conn).await?;
-                    self.undo.load_async(&mut conn).await
-                };
+                let loaded = self.check.load_async(&mut conn);
                 match loaded.await {
                     Err(e) if e.is_io_error() => {
                         last_connection_error = Some(e);
@@ -842,6 +866,20 @@ impl Inner {
         cost: u32,
         now_us: Option<u64>,
     ) -> Result<Decision, Failure> {
+        self.call(user, cost, now_us, None)
+            .await
+            .map(|answer| answer.decision)
+    }
+
+    /// One run of the script: a check of `cost` units, and `back` units
+    /// handed back at a slot first (an undo), at `now_us` or Redis' time.
+    async fn call(
+        &self,
+        user: &[u8],
+        cost: u32,
+        now_us: Option<u64>,
+        back: Option<(u64, u32)>,
+    ) -> Result<Answer, Failure> {
         bump(&self.counters.round_trips);
         let mut invocation = self.check.prepare_invoke();
         invocation
@@ -851,8 +889,14 @@ impl Inner {
             .arg(self.width_us)
             .arg(cost)
             .arg(u8::from(self.interpolated));
-        if let Some(now_us) = now_us {
-            invocation.arg(now_us);
+        if now_us.is_some() || back.is_some() {
+            match now_us {
+                Some(now_us) => invocation.arg(now_us),
+                None => invocation.arg(""),
+            };
+        }
+        if let Some((slot, units)) = back {
+            invocation.arg(0).arg(0).arg(1).arg(units).arg(slot);
         }
         let reply: Vec<i64> = self.invoke(&invocation).await?;
         self.parse(&reply, cost).ok_or(Failure::Reply)
@@ -893,9 +937,10 @@ impl Inner {
         }
     }
 
-    /// `{allowed, remaining, retry_after_us, reset_us, slot}` into a decision.
-    fn parse(&self, reply: &[i64], cost: u32) -> Option<Decision> {
-        let &[allowed, remaining, retry_us, reset_us, slot] = reply else {
+    /// `{allowed, remaining, retry_after_us, reset_us, slot, granted,
+    /// valid_us}` into an answer.
+    fn parse(&self, reply: &[i64], cost: u32) -> Option<Answer> {
+        let &[allowed, remaining, retry_us, reset_us, slot, granted, valid_us] = reply else {
             return None;
         };
         let micros = |v: i64| u64::try_from(v).ok().map(Duration::from_micros);
@@ -915,7 +960,11 @@ impl Inner {
         if outcome == Outcome::Allowed {
             d.cost = cost;
         }
-        Some(d)
+        Some(Answer {
+            decision: d,
+            granted: u32::try_from(granted).ok()?,
+            valid: micros(valid_us)?,
+        })
     }
 
     /// A remote decision for a request: the script, the deny cache fed with its
@@ -1076,17 +1125,11 @@ impl Inner {
         Some((user, decision.slot, decision.cost))
     }
 
-    async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32) {
+    /// Give `cost` units back at `slot` (at `now_us` or Redis' time).
+    async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32, now_us: Option<u64>) {
         bump(&self.counters.undos);
-        let mut invocation = self.undo.prepare_invoke();
-        invocation
-            .key(self.full_key(&user))
-            .arg(slot)
-            .arg(cost)
-            .arg(self.width_us)
-            .arg(self.buckets);
         let sent = Instant::now();
-        match self.invoke::<i64>(&invocation).await {
+        match self.call(&user, 0, now_us, Some((slot, cost))).await {
             Ok(_) => self.redis_answered(None),
             Err(failure) => {
                 self.note_failure(failure, None, sent);
@@ -1167,7 +1210,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
             return;
         };
         let inner = self.inner.clone();
-        runtime.spawn(async move { inner.run_undo(user, slot, cost).await });
+        runtime.spawn(async move { inner.run_undo(user, slot, cost, None).await });
     }
 
     fn policy(&self) -> &Policy {
