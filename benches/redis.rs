@@ -1,9 +1,14 @@
 //! The Redis store under load: decisions per second and latency with 1, 16 and 64
-//! concurrent callers, and an abusive key with and without the local deny cache.
-//! Round trips per decision are counted by Redis itself (`INFO commandstats`,
-//! EVALSHA calls before and after each row). Then decisions during an outage
+//! concurrent callers on 100 000 distinct keys, and an abusive key with and
+//! without the local deny cache. Round trips per decision are counted by Redis
+//! itself (`INFO commandstats`, EVALSHA calls before and after each row), and
+//! Redis' CPU per decision from `INFO cpu`. Then decisions during an outage
 //! (a Redis that accepts connections and never answers, and nothing
-//! listening), with the circuit breaker on and off.
+//! listening), with the circuit breaker on and off. Last, leases: a hot key
+//! under its limit (5 000 a minute; three instances, 50 requests a second
+//! each) and over it, and 100 000 distinct keys, with leases on and off,
+//! beside a GCRA Lua script and the floor of any script (`support/gcra.lua`,
+//! `support/floor.lua`); the run ends with one line on the hot key.
 //!
 //! Runs against a private `redis-server` (or `$REDIS_SERVER_BIN`, e.g.
 //! `valkey-server`) on an ephemeral port when the binary is
@@ -21,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_sliding_window::redis::redis::{self, aio::MultiplexedConnection};
-use tower_sliding_window::redis::CircuitBreaker;
+use tower_sliding_window::redis::{CircuitBreaker, Leases};
 use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
 
 const ROW_DURATION: Duration = Duration::from_secs(2);
@@ -32,6 +37,28 @@ const OUTAGE_ROW_DURATION: Duration = Duration::from_secs(1);
 const OUTAGE_CALLERS: usize = 16;
 const CALLERS: [usize; 3] = [1, 16, 64];
 const SLOW_LINK: &str = "distinct keys, 1 ms link each way";
+/// Keys the distinct-key rows spread over.
+const DISTINCT_KEYS: u64 = 100_000;
+/// The hot key's policy and pace: 5 000 a minute, three instances checking
+/// 50 times a second each, for long enough that the ramp-up of leases is a
+/// small part of the row but the key stays under its limit (3 000 decisions).
+const HOT_LIMIT: u32 = 5_000;
+const HOT_WINDOW: Duration = Duration::from_secs(60);
+const HOT_INSTANCES: usize = 3;
+const HOT_EVERY: Duration = Duration::from_millis(20);
+const HOT_ROW_DURATION: Duration = Duration::from_secs(20);
+/// The peer on the hot key: its figures per decision need no long row.
+const HOT_PEER_DURATION: Duration = Duration::from_secs(5);
+/// The hot key over its limit: the same pace against 500 per 6 s (15
+/// buckets of 400 ms), three times what the limit admits.
+const OVER_LIMIT: u32 = 500;
+const OVER_WINDOW: Duration = Duration::from_secs(6);
+const OVER_ROW_DURATION: Duration = Duration::from_secs(15);
+const GCRA_SCRIPT: &str = include_str!("support/gcra.lua");
+const FLOOR_SCRIPT: &str = include_str!("support/floor.lua");
+const CHECK_SCRIPT: &str = include_str!("../src/redis/check.lua");
+/// Rounds of the distinct-key arms, in turn: the machine's speed drifts.
+const DISTINCT_ROUNDS: usize = 3;
 
 struct Row {
     scenario: &'static str,
@@ -166,8 +193,8 @@ async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
         .unwrap_or(0)
 }
 
-fn store(url: &str, policy: Policy, deny_cache: bool, prefix: &str) -> RedisStore {
-    RedisStore::builder(policy, FailurePolicy::Closed)
+fn store(url: &str, policy: Policy, deny_cache: bool, leases: bool, prefix: &str) -> RedisStore {
+    let builder = RedisStore::builder(policy, FailurePolicy::Closed)
         .url(url)
         // Generous: a bench must measure, not fail open.
         .timeout(Duration::from_secs(2))
@@ -176,13 +203,17 @@ fn store(url: &str, policy: Policy, deny_cache: bool, prefix: &str) -> RedisStor
         } else {
             0
         })
-        .prefix(prefix)
-        .build()
-        .expect("store builds")
+        .prefix(prefix);
+    if leases {
+        builder.leases(Leases::new()).build().expect("store builds")
+    } else {
+        builder.build().expect("store builds")
+    }
 }
 
 /// `callers` tasks checking as fast as they can for [`ROW_DURATION`]; `abusive`
-/// sends every check to one over-limit key, otherwise keys spread over 10 000.
+/// sends every check to one over-limit key, otherwise keys spread over
+/// [`DISTINCT_KEYS`].
 async fn row(
     scenario: &'static str,
     url: &str,
@@ -190,6 +221,7 @@ async fn row(
     callers: usize,
     abusive: bool,
     deny_cache: bool,
+    leases: bool,
 ) -> Row {
     let policy = if abusive {
         Policy::per(100, Duration::from_secs(60)).unwrap()
@@ -197,7 +229,7 @@ async fn row(
         Policy::per(1_000_000, Duration::from_secs(60)).unwrap()
     };
     let prefix = format!("tswbench:{scenario}:{callers}:");
-    let store = store(url, policy, deny_cache, &prefix);
+    let store = store(url, policy, deny_cache, leases, &prefix);
     store.warm_up().await.expect("Redis answers");
     if abusive {
         // Push the key over its limit before measuring.
@@ -221,7 +253,7 @@ async fn row(
                     let key = if abusive {
                         "abuser".to_owned()
                     } else {
-                        format!("user-{}", (caller as u64 * 7919 + i) % 10_000)
+                        format!("user-{}", (caller as u64 * 7919 + i) % DISTINCT_KEYS)
                     };
                     i += 1;
                     let t = Instant::now();
@@ -265,18 +297,74 @@ async fn row(
     }
 }
 
-/// The peer: the same script through a bare `redis` crate multiplexed connection
-/// (no store, no timeout, no deny cache), the ceiling any client reaches here.
-async fn raw_row(url: &str, admin: &mut MultiplexedConnection, callers: usize) -> Row {
+/// A script run through a bare `redis` crate multiplexed connection (no
+/// store, no timeout, no deny cache): the store's own script (the ceiling any
+/// client of it reaches here), a GCRA script, or the floor of any script.
+#[derive(Clone, Copy, PartialEq)]
+enum Peer {
+    Ours,
+    Gcra,
+    Floor,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Ours => "peer: bare redis-crate EVALSHA",
+            Peer::Gcra => "peer: GCRA script",
+            Peer::Floor => "floor: TIME, GET, SET PX",
+        }
+    }
+
+    fn script(self) -> redis::Script {
+        redis::Script::new(match self {
+            Peer::Ours => CHECK_SCRIPT,
+            Peer::Gcra => GCRA_SCRIPT,
+            Peer::Floor => FLOOR_SCRIPT,
+        })
+    }
+
+    /// One decision of `key`: the policy of the distinct-key rows (a million
+    /// a minute), or `limit` per `window` for the hot key.
+    fn invocation(
+        self,
+        script: &redis::Script,
+        key: String,
+        limit: u32,
+        window: Duration,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = script.key(key);
+        match self {
+            // 15 buckets of the window, strict.
+            Peer::Ours => invocation
+                .arg(limit)
+                .arg(15)
+                .arg(window.as_micros() as u64 / 15)
+                .arg(1)
+                .arg(0),
+            Peer::Gcra => invocation.arg(limit).arg(window.as_micros() as u64).arg(1),
+            Peer::Floor => &mut invocation,
+        };
+        invocation
+    }
+}
+
+/// `callers` tasks running `peer`'s script on distinct keys as fast as they can.
+async fn raw_row(url: &str, admin: &mut MultiplexedConnection, callers: usize, peer: Peer) -> Row {
     let client = redis::Client::open(url).expect("url");
     let conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let script = redis::Script::new(include_str!("../src/redis/check.lua"));
+    let script = peer.script();
     let before = sample(admin).await;
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
+    let tag = match peer {
+        Peer::Ours => "raw",
+        Peer::Gcra => "gcra",
+        Peer::Floor => "floor",
+    };
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
             let (mut conn, script, stop) = (conn.clone(), script.clone(), stop.clone());
@@ -284,19 +372,15 @@ async fn raw_row(url: &str, admin: &mut MultiplexedConnection, callers: usize) -
                 let mut latencies = Vec::with_capacity(100_000);
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
+                    // Keys as long as the store's (a prefix, a hash tag).
                     let key = format!(
-                        "tswbench:raw:{{user-{}}}",
-                        (caller as u64 * 7919 + i) % 10_000
+                        "tswbench:{tag}:{callers}:{{user-{}}}",
+                        (caller as u64 * 7919 + i) % DISTINCT_KEYS
                     );
                     i += 1;
                     let t = Instant::now();
-                    let reply: Vec<i64> = script
-                        .key(key)
-                        .arg(1_000_000)
-                        .arg(15)
-                        .arg(4_000_000)
-                        .arg(1)
-                        .arg(0)
+                    let reply: Vec<i64> = peer
+                        .invocation(&script, key, 1_000_000, Duration::from_secs(60))
                         .invoke_async(&mut conn)
                         .await
                         .expect("script");
@@ -320,7 +404,7 @@ async fn raw_row(url: &str, admin: &mut MultiplexedConnection, callers: usize) -
     let decisions = latencies.len() as u64;
     let pct = |p: f64| latencies[((decisions as f64 - 1.0) * p) as usize];
     Row {
-        scenario: "peer: bare redis-crate EVALSHA",
+        scenario: peer.name(),
         callers,
         decisions,
         per_sec: decisions as f64 / elapsed.as_secs_f64(),
@@ -453,7 +537,7 @@ async fn outage_row(outage: &'static str, url: &str, breaker: bool) -> OutageRow
                 // Each caller stops by itself: an open breaker answers at once,
                 // so these loops only yield when asked to.
                 while started.elapsed() < OUTAGE_ROW_DURATION {
-                    let key = format!("user-{}", (caller as u64 * 7919 + i) % 10_000);
+                    let key = format!("user-{}", (caller as u64 * 7919 + i) % DISTINCT_KEYS);
                     i += 1;
                     let t = Instant::now();
                     let d = store.check_n(&key, 1).await.expect("failing open");
@@ -568,10 +652,21 @@ async fn run() {
 
     let mut rows = Vec::new();
     for callers in CALLERS {
-        rows.push(row("distinct keys", &url, &mut admin, callers, false, true).await);
+        rows.push(
+            row(
+                "distinct keys",
+                &url,
+                &mut admin,
+                callers,
+                false,
+                true,
+                false,
+            )
+            .await,
+        );
     }
     for callers in CALLERS {
-        rows.push(raw_row(&url, &mut admin, callers).await);
+        rows.push(raw_row(&url, &mut admin, callers, Peer::Ours).await);
     }
     let upstream = url
         .trim_start_matches("redis://")
@@ -579,7 +674,12 @@ async fn run() {
         .to_owned();
     let slow_url = delay_proxy(upstream, Duration::from_millis(1)).await;
     for callers in CALLERS {
-        rows.push(row(SLOW_LINK, &slow_url, &mut admin, callers, false, true).await);
+        rows.push(
+            row(
+                SLOW_LINK, &slow_url, &mut admin, callers, false, true, false,
+            )
+            .await,
+        );
     }
     for callers in CALLERS {
         rows.push(
@@ -589,6 +689,7 @@ async fn run() {
                 &mut admin,
                 callers,
                 true,
+                false,
                 false,
             )
             .await,
@@ -603,6 +704,7 @@ async fn run() {
                 callers,
                 true,
                 true,
+                false,
             )
             .await,
         );
@@ -658,6 +760,368 @@ async fn run() {
     println!("abusive key at 64 callers, deny cache on / off: {cache_gain:.1}×");
 
     outage_rows().await;
+    lease_rows(&url, &mut admin, _server.is_some()).await;
+}
+
+/// One arm on the hot key: decisions, what Redis did for them, and what was
+/// admitted.
+struct HotRow {
+    arm: &'static str,
+    decisions: u64,
+    per_sec: f64,
+    round_trips: u64,
+    /// Redis' CPU time per decision, its idle rate taken out.
+    redis_cpu_us: f64,
+    admitted: u64,
+    /// Admissions after which the window ending there held more than the limit.
+    windows_over: u64,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// Microseconds since 1970 on the system clock (Redis' `TIME` reads it too
+/// when Redis runs on this host).
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Redis' CPU seconds per second of doing nothing (its timers), measured
+/// over `span`.
+async fn idle_cpu_rate(admin: &mut MultiplexedConnection, span: Duration) -> f64 {
+    let before = redis_cpu(admin).await;
+    tokio::time::sleep(span).await;
+    (redis_cpu(admin).await - before) / span.as_secs_f64()
+}
+
+/// Admissions (wall µs, sorted) after which the window of `window` ending
+/// there holds more than `limit`.
+fn windows_over(mut admitted: Vec<u64>, window: Duration, limit: u32) -> u64 {
+    admitted.sort_unstable();
+    let window_us = window.as_micros() as u64;
+    let mut first = 0;
+    let mut over = 0;
+    for (last, &t) in admitted.iter().enumerate() {
+        while t - admitted[first] >= window_us {
+            first += 1;
+        }
+        over += u64::from(last + 1 - first > limit as usize);
+    }
+    over
+}
+
+/// What runs on the hot key: the store (leases on or off), or a peer's script
+/// on a bare connection of each instance.
+#[derive(Clone, Copy)]
+enum HotArm {
+    Store { leases: bool },
+    Script(Peer),
+}
+
+/// [`HOT_INSTANCES`] instances, each checking `key` every [`HOT_EVERY`] for
+/// `duration`, under `limit` per `window`.
+#[allow(clippy::too_many_arguments)]
+async fn hot_row(
+    arm_name: &'static str,
+    arm: HotArm,
+    url: &str,
+    admin: &mut MultiplexedConnection,
+    idle_rate: f64,
+    limit: u32,
+    window: Duration,
+    duration: Duration,
+) -> HotRow {
+    let prefix = format!("tswbench:hot:{}:{arm_name}:", std::process::id());
+    let policy = Policy::per(limit, window).unwrap();
+    let mut stores = Vec::new();
+    let mut conns = Vec::new();
+    for _ in 0..HOT_INSTANCES {
+        match arm {
+            HotArm::Store { leases } => {
+                let s = store(url, policy.clone(), true, leases, &prefix);
+                s.warm_up().await.expect("Redis answers");
+                stores.push(s);
+            }
+            HotArm::Script(_) => {
+                let client = redis::Client::open(url).expect("url");
+                conns.push(
+                    client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .expect("connect"),
+                );
+            }
+        }
+    }
+    let before = sample(admin).await;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..HOT_INSTANCES)
+        .map(|i| {
+            let store = stores.get(i).cloned();
+            let conn = conns.get(i).cloned();
+            let key = format!("{prefix}{{hot}}");
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(HOT_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                // The instances' checks interleave, as a fleet's would.
+                tokio::time::sleep(HOT_EVERY * i as u32 / HOT_INSTANCES as u32).await;
+                let mut latencies = Vec::new();
+                let mut admitted = Vec::new();
+                let (mut conn, script) = (
+                    conn,
+                    match arm {
+                        HotArm::Script(peer) => Some((peer, peer.script())),
+                        HotArm::Store { .. } => None,
+                    },
+                );
+                while started.elapsed() < duration {
+                    tick.tick().await;
+                    let t = Instant::now();
+                    let allowed = match (&store, &mut conn, &script) {
+                        (Some(store), _, _) => store
+                            .check_n(&"hot", 1)
+                            .await
+                            .expect("decision")
+                            .is_allowed(),
+                        (None, Some(conn), Some((peer, script))) => {
+                            let reply: Vec<i64> = peer
+                                .invocation(script, key.clone(), limit, window)
+                                .invoke_async(conn)
+                                .await
+                                .expect("script");
+                            reply[0] == 1
+                        }
+                        _ => unreachable!("a store or a script"),
+                    };
+                    latencies.push(t.elapsed());
+                    if allowed {
+                        admitted.push(wall_us());
+                    }
+                }
+                (latencies, admitted)
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let mut admitted = Vec::new();
+    for task in tasks {
+        let (l, a) = task.await.expect("hot task");
+        latencies.extend(l);
+        admitted.extend(a);
+    }
+    let elapsed = started.elapsed();
+    let after = sample(admin).await;
+    for s in &stores {
+        s.shutdown().await;
+    }
+    latencies.sort_unstable();
+    let decisions = latencies.len() as u64;
+    let pct = |p: f64| latencies[((decisions as f64 - 1.0) * p) as usize];
+    let busy_cpu =
+        (after.redis_cpu - before.redis_cpu - idle_rate * elapsed.as_secs_f64()).max(0.0);
+    HotRow {
+        arm: arm_name,
+        decisions,
+        per_sec: decisions as f64 / elapsed.as_secs_f64(),
+        round_trips: after.evalsha - before.evalsha,
+        redis_cpu_us: busy_cpu * 1e6 / decisions as f64,
+        admitted: admitted.len() as u64,
+        windows_over: windows_over(admitted, window, limit),
+        p50: pct(0.50),
+        p99: pct(0.99),
+    }
+}
+
+fn print_hot_rows(rows: &[HotRow]) {
+    println!(
+        "| arm | decisions | decisions/s | round trips per decision | Redis CPU per decision | p50 | p99 | admitted | windows over L |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.0} | {:.4} | {:.2} µs | {} | {} | {} | {} |",
+            r.arm,
+            r.decisions,
+            r.per_sec,
+            r.round_trips as f64 / r.decisions as f64,
+            r.redis_cpu_us,
+            fine(r.p50),
+            fine(r.p99),
+            r.admitted,
+            r.windows_over
+        );
+    }
+}
+
+/// Leases on the hot key (under its limit and over it) and on distinct keys,
+/// beside a GCRA script and the floor; the run's last line.
+async fn lease_rows(url: &str, admin: &mut MultiplexedConnection, private: bool) {
+    let idle_rate = idle_cpu_rate(admin, Duration::from_secs(2)).await;
+    println!(
+        "\nLeases. A hot key under its limit ({HOT_LIMIT} per {HOT_WINDOW:?}): {HOT_INSTANCES} \
+         instances (a store and a connection each) checking every {HOT_EVERY:?}, \
+         {HOT_ROW_DURATION:?} per store arm, {HOT_PEER_DURATION:?} for the peer; Redis' idle \
+         CPU ({:.0} µs a second, measured first) taken out\n",
+        idle_rate * 1e6
+    );
+    let under = [
+        hot_row(
+            "store, leases off",
+            HotArm::Store { leases: false },
+            url,
+            admin,
+            idle_rate,
+            HOT_LIMIT,
+            HOT_WINDOW,
+            HOT_ROW_DURATION,
+        )
+        .await,
+        hot_row(
+            "store, leases on",
+            HotArm::Store { leases: true },
+            url,
+            admin,
+            idle_rate,
+            HOT_LIMIT,
+            HOT_WINDOW,
+            HOT_ROW_DURATION,
+        )
+        .await,
+        hot_row(
+            "GCRA script",
+            HotArm::Script(Peer::Gcra),
+            url,
+            admin,
+            idle_rate,
+            HOT_LIMIT,
+            HOT_WINDOW,
+            HOT_PEER_DURATION,
+        )
+        .await,
+    ];
+    print_hot_rows(&under);
+
+    println!(
+        "\nThe same pace over its limit ({OVER_LIMIT} per {OVER_WINDOW:?}, 15 buckets: three \
+         times what it admits), {OVER_ROW_DURATION:?} per arm\n"
+    );
+    let over = [
+        hot_row(
+            "store, leases off",
+            HotArm::Store { leases: false },
+            url,
+            admin,
+            idle_rate,
+            OVER_LIMIT,
+            OVER_WINDOW,
+            OVER_ROW_DURATION,
+        )
+        .await,
+        hot_row(
+            "store, leases on",
+            HotArm::Store { leases: true },
+            url,
+            admin,
+            idle_rate,
+            OVER_LIMIT,
+            OVER_WINDOW,
+            OVER_ROW_DURATION,
+        )
+        .await,
+    ];
+    print_hot_rows(&over);
+
+    println!(
+        "\n{DISTINCT_KEYS} distinct keys, 64 callers, {ROW_DURATION:?} per row; scripts on a \
+         bare connection beside the store; {DISTINCT_ROUNDS} rounds of the five arms in turn, \
+         the median of each figure\n"
+    );
+    let mut rounds: Vec<Vec<Row>> = Vec::new();
+    for _ in 0..DISTINCT_ROUNDS {
+        rounds.push(vec![
+            row("store, leases off", url, admin, 64, false, true, false).await,
+            row("store, leases on", url, admin, 64, false, true, true).await,
+            raw_row(url, admin, 64, Peer::Ours).await,
+            raw_row(url, admin, 64, Peer::Gcra).await,
+            raw_row(url, admin, 64, Peer::Floor).await,
+        ]);
+    }
+    let median = |arm: usize, figure: fn(&Row) -> f64| {
+        let mut values: Vec<f64> = rounds.iter().map(|r| figure(&r[arm])).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    println!("| arm | decisions/s | round trips per decision | Redis CPU per decision | client CPU per decision |");
+    println!("|---|---:|---:|---:|---:|");
+    for (arm, r) in rounds[0].iter().enumerate() {
+        let round_trips = if private {
+            median(arm, |r| r.evalsha_per_decision)
+        } else {
+            median(arm, |r| r.store_round_trips_per_decision)
+        };
+        println!(
+            "| {} | {:.0} | {:.3} | {:.1} µs | {:.1} µs |",
+            r.scenario,
+            median(arm, |r| r.per_sec),
+            round_trips,
+            median(arm, |r| r.redis_cpu_us),
+            median(arm, |r| r.client_cpu_us)
+        );
+    }
+    // Ratios within each round (the arms of a round ran within seconds of
+    // each other), then their median and range.
+    let ratio = |a: usize, b: usize, figure: fn(&Row) -> f64| {
+        let mut values: Vec<f64> = rounds
+            .iter()
+            .map(|r| figure(&r[a]) / figure(&r[b]))
+            .collect();
+        values.sort_by(f64::total_cmp);
+        format!(
+            "{:.2}× ({:.2}–{:.2})",
+            values[values.len() / 2],
+            values[0],
+            values[values.len() - 1]
+        )
+    };
+    let cpu = |r: &Row| r.redis_cpu_us;
+    println!(
+        "\nRedis CPU per decision on distinct keys, median of the rounds' ratios (range): \
+         our script / GCRA {}, the floor / GCRA {}, our script / the floor {}; the store / GCRA \
+         {} (leases off), {} (on); decisions per second, store / GCRA {} (leases off)",
+        ratio(2, 3, cpu),
+        ratio(4, 3, cpu),
+        ratio(2, 4, cpu),
+        ratio(0, 3, cpu),
+        ratio(1, 3, cpu),
+        ratio(0, 3, |r| r.per_sec)
+    );
+    let (off, on, gcra) = (&under[0], &under[1], &under[2]);
+    println!(
+        "hot key under its limit, Redis CPU per decision: leases on / off {:.3}×, on / GCRA {:.3}×",
+        on.redis_cpu_us / off.redis_cpu_us,
+        on.redis_cpu_us / gcra.redis_cpu_us
+    );
+    // The share of its decisions each arm admitted: the arms' decisions
+    // differ by a few, as their timers do.
+    let admitted_share = |on: &HotRow, off: &HotRow| {
+        (on.admitted as f64 / on.decisions as f64) * 100.0
+            / (off.admitted as f64 / off.decisions as f64)
+    };
+    println!(
+        "hot key over its limit: leases on admitted {:.1}% of the store without leases, {:.3} round trips per decision against {:.3}",
+        admitted_share(&over[1], &over[0]),
+        over[1].round_trips as f64 / over[1].decisions as f64,
+        over[0].round_trips as f64 / over[0].decisions as f64
+    );
+    println!(
+        "leases: {} decisions, {} round trips ({:.4} per decision), windows over L: {}, admitted {:.1}% of the store without leases",
+        on.decisions,
+        on.round_trips,
+        on.round_trips as f64 / on.decisions as f64,
+        on.windows_over,
+        admitted_share(on, off)
+    );
 }
 
 fn main() {

@@ -138,6 +138,12 @@ pub enum ConfigError {
     /// A Redis circuit breaker with a cool-down of zero: it would probe Redis
     /// on every decision. Turn it off with `CircuitBreaker::OFF` instead.
     ZeroCoolDown,
+    /// Redis leases whose grants may take `1/0` of what the window has left
+    /// (`Leases::with_share(0)`): 1 lets a grant take all of it.
+    ZeroLeaseShare,
+    /// Redis leases that follow no key (`Leases::with_keys(0)`): leave
+    /// leases off instead.
+    ZeroLeaseKeys,
     /// An interpolated policy too large for the Redis script's arithmetic
     /// (Lua numbers are doubles): (limit + 1) × bucket width in µs must stay
     /// below 2^53. Use a lower limit, narrower buckets or strict precision.
@@ -295,6 +301,12 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::ZeroCoolDown => f.write_str(
                 "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)",
+            ),
+            ConfigError::ZeroLeaseShare => f.write_str(
+                "a lease's share must be at least 1 (a grant takes at most 1/share of what the window has left)",
+            ),
+            ConfigError::ZeroLeaseKeys => f.write_str(
+                "leases must follow at least one key (leave leases off instead)",
             ),
             ConfigError::InterpolationOutOfRange => f.write_str(
                 "interpolated precision on Redis needs (limit + 1) × bucket width in µs below \

@@ -456,3 +456,100 @@ async fn a_redis_store_counts_its_decisions_round_trips_and_deny_cache_hits() {
         other => panic!("round trips: {other:?}"),
     }
 }
+
+/// The fallback limiter's decisions (no Redis needed: nothing listening).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_redis_store_counts_the_fallback_limiters_decisions() {
+    use tower_sliding_window::{FailurePolicy, RedisStore, Store};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let url = format!("redis://127.0.0.1:{}", redis_support::free_port());
+    let store = RedisStore::builder(
+        policy("fleet", 50, 1000),
+        FailurePolicy::Fallback(policy("local", 3, 60_000)),
+    )
+    .url(&url)
+    .build()
+    .unwrap();
+    for _ in 0..5 {
+        let d = store.check_n(&"k", 1).await.unwrap();
+        assert!(!d.is_unchecked());
+    }
+    let snap = Snapshot::take(&snapshotter);
+    let decisions = |outcome| {
+        snap.counter(
+            "tower_sliding_window_decisions_total",
+            &[
+                ("policy", "fleet"),
+                ("store", "redis"),
+                ("outcome", outcome),
+            ],
+        )
+    };
+    assert_eq!(
+        (decisions("fallback_allowed"), decisions("fallback_denied")),
+        (3, 2)
+    );
+    assert_eq!(store.stats().fallback_decisions, 5);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs Redis at REDIS_URL (default 127.0.0.1:6379): run with -- --include-ignored"]
+async fn a_redis_store_counts_its_leases() {
+    use tower_sliding_window::redis::Leases;
+    use tower_sliding_window::{FailurePolicy, RedisStore, Store};
+
+    let test = "a_redis_store_counts_its_leases";
+    redis_support::shared_redis(test).await;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let store = RedisStore::builder(policy("leased", 1000, 60_000), FailurePolicy::Closed)
+        .url(&redis_support::redis_url())
+        .prefix(redis_support::unique_prefix(test))
+        .timeout(Duration::from_secs(2))
+        .leases(Leases::new())
+        .build()
+        .unwrap();
+    for _ in 0..40 {
+        assert!(store.check_n(&"k", 1).await.unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    store.shutdown().await;
+    let stats = store.stats();
+    assert!(stats.lease_decisions > 0, "{stats:?}");
+    assert!(stats.lease_units_handed_back > 0, "{stats:?}");
+    let snap = Snapshot::take(&snapshotter);
+    let leased = [("policy", "leased")];
+    let units = |kind| {
+        snap.counter(
+            "tower_sliding_window_redis_lease_units_total",
+            &[("policy", "leased"), ("kind", kind)],
+        )
+    };
+    assert_eq!(
+        snap.counter("tower_sliding_window_redis_lease_decisions_total", &leased),
+        stats.lease_decisions
+    );
+    assert_eq!(
+        snap.counter("tower_sliding_window_redis_lease_grants_total", &leased),
+        stats.lease_grants
+    );
+    assert_eq!(units("granted"), stats.lease_units_granted);
+    assert_eq!(units("handed_back"), stats.lease_units_handed_back);
+    assert_eq!(
+        snap.counter(
+            "tower_sliding_window_decisions_total",
+            &[
+                ("policy", "leased"),
+                ("store", "redis"),
+                ("outcome", "allowed")
+            ],
+        ),
+        40
+    );
+}

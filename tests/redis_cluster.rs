@@ -10,6 +10,7 @@ mod redis_support;
 use redis_support::*;
 use std::time::{Duration, Instant};
 use tower_sliding_window::redis::redis::{self, cluster::ClusterClient};
+use tower_sliding_window::redis::{Leases, RedisStoreBuilder};
 use tower_sliding_window::{FailurePolicy, Policy, RedisStore, Store};
 
 struct Cluster {
@@ -113,6 +114,10 @@ impl Cluster {
     }
 
     async fn store(&self, prefix: &str, limit: u32) -> RedisStore {
+        self.builder(prefix, limit).await.build().unwrap()
+    }
+
+    async fn builder(&self, prefix: &str, limit: u32) -> RedisStoreBuilder {
         let conn = ClusterClient::new(self.urls())
             .unwrap()
             .get_async_connection()
@@ -125,8 +130,6 @@ impl Cluster {
         .connection(conn)
         .timeout(Duration::from_secs(2))
         .prefix(prefix)
-        .build()
-        .unwrap()
     }
 
     /// How many keys each node holds.
@@ -184,4 +187,49 @@ async fn a_cluster_enforces_each_key_on_the_node_owning_its_hash_tag() {
         assert!(b.check_n(&key, 1).await.unwrap().is_allowed());
     }
     assert_eq!(a.stats().failures + b.stats().failures, 0);
+
+    // Leases through the cluster connection: hot keys on both instances, at
+    // most the limit per key, and after shutdown Redis holds exactly the
+    // units admitted.
+    let prefix = unique_prefix(test);
+    let leased = [
+        cluster
+            .builder(&prefix, 40)
+            .await
+            .leases(Leases::new())
+            .build()
+            .unwrap(),
+        cluster
+            .builder(&prefix, 40)
+            .await
+            .leases(Leases::new())
+            .build()
+            .unwrap(),
+    ];
+    let mut admitted = [0u64; 6];
+    for round in 0..60 {
+        for (key, count) in admitted.iter_mut().enumerate() {
+            let s = &leased[(round + key) % 2];
+            *count += s.check_n(&(key as u64), 1).await.unwrap().is_allowed() as u64;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(leased.iter().all(|s| s.stats().lease_decisions > 0));
+    for s in &leased {
+        s.shutdown().await;
+    }
+    let mut conn = ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    for (key, count) in admitted.iter().enumerate() {
+        assert!(*count <= 40, "key {key}: {count}");
+        let bytes: Vec<u8> = redis::cmd("GET")
+            .arg(leased[0].redis_key(&(key as u64)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(PackedKey::unpack(&bytes).units(), *count, "key {key}");
+    }
 }

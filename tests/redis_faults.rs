@@ -78,7 +78,7 @@ fn assert_failed_within_timeout(
             *elapsed < TIMEOUT + MARGIN,
             "{what}: answered after {elapsed:?}"
         );
-        match (failure, result) {
+        match (&failure, result) {
             (FailurePolicy::Open, Ok(d)) => {
                 assert!(d.is_allowed() && d.is_unchecked(), "{what}: {d:?}")
             }
@@ -278,7 +278,7 @@ async fn script_is_reloaded_after_script_flush() {
     assert!(script_exists(&mut admin).await, "reloaded");
     assert_eq!(s.stats().failures, 0);
 
-    // The undo script reloads the same way.
+    // An undo (the same script) reloads it the same way.
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut admin)
@@ -286,21 +286,11 @@ async fn script_is_reloaded_after_script_flush() {
         .unwrap();
     Store::undo(&s, &"k", &d);
     // Bounded wait until the undo, sent in the background, has reached Redis:
-    // the key's slot fields (all but "t<width>:<buckets>", its newest slot)
-    // then hold the first unit only.
+    // the key then holds the first unit only.
     let key = s.redis_key(&"k");
     let mut counted = 0;
     for _ in 0..400 {
-        let fields: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
-            .arg(&key)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        counted = fields
-            .iter()
-            .filter(|(f, _)| !f.starts_with('t') && *f != "c")
-            .map(|(_, c)| c)
-            .sum();
+        counted = PackedKey::units_of(&mut admin, &key).await;
         if counted == 1 {
             break;
         }
@@ -322,7 +312,7 @@ async fn the_layer_answers_503_when_failing_closed_and_forwards_when_failing_ope
         (FailurePolicy::Open, http::StatusCode::OK),
     ] {
         let layer = SlidingWindowLayer::builder(GlobalKey)
-            .store(store(&url, failure, &prefix))
+            .store(store(&url, failure.clone(), &prefix))
             .build()
             .unwrap();
         let svc = tower::ServiceBuilder::new().layer(layer).service_fn(
@@ -729,7 +719,7 @@ async fn assert_answered_at_once(
         let start = Instant::now();
         let result = store.check_n(&format!("open-{i}"), 1).await;
         elapsed.push(start.elapsed());
-        match (failure, &result) {
+        match (&failure, &result) {
             (FailurePolicy::Open, Ok(d)) => {
                 assert!(d.is_allowed() && d.is_unchecked(), "{what}: {d:?}")
             }
@@ -1054,4 +1044,76 @@ async fn a_stall_under_load_thinned_by_the_deny_cache_opens_the_breaker_within_a
         reached * 20 < decided,
         "{reached} of {decided} reached Redis"
     );
+}
+
+/// `FailurePolicy::Fallback`: while Redis is away, an in-memory limiter of
+/// the given (per-instance) policy decides, with real denials; once Redis is
+/// back, Redis decides again (the breaker's probe) and the fallback rests.
+#[tokio::test]
+#[ignore = "starts redis-server (or REDIS_SERVER_BIN): run with -- --include-ignored"]
+async fn the_fallback_limiter_decides_while_redis_is_down_and_hands_back_when_it_returns() {
+    let test = "the_fallback_limiter_decides_while_redis_is_down_and_hands_back_when_it_returns";
+    let mut server = RedisServer::start(test).await;
+    let per_instance = Policy::per(2, Duration::from_secs(60)).unwrap();
+    let store = RedisStore::builder(
+        Policy::per(5, Duration::from_secs(60)).unwrap(),
+        FailurePolicy::Fallback(per_instance),
+    )
+    .url(&server.url())
+    .timeout(TIMEOUT)
+    .circuit_breaker(CircuitBreaker::new(1, COOL_DOWN, COOL_DOWN))
+    .prefix(unique_prefix(test))
+    .build()
+    .unwrap();
+    let store = warmed(store).await;
+    let mut admin = server.conn().await;
+    // Redis decides: 5 for the fleet.
+    for _ in 0..5 {
+        assert!(store.check_n(&"k", 1).await.unwrap().is_allowed());
+    }
+    assert!(!store.check_n(&"k", 1).await.unwrap().is_allowed());
+    let redis_key = store.redis_key(&"k");
+    assert_eq!(PackedKey::units_of(&mut admin, &redis_key).await, 5);
+
+    server.kill();
+    // The fallback's 2, then its denials: decided, not let through unchecked
+    // ("k" is denied by the deny cache meanwhile, as Redis denied it).
+    let mut outcomes = Vec::new();
+    for _ in 0..4 {
+        let d = store.check_n(&"other", 1).await.unwrap();
+        assert!(!d.is_unchecked(), "{d:?}");
+        outcomes.push(d.is_allowed());
+    }
+    assert_eq!(outcomes, [true, true, false, false]);
+    let down = store.stats();
+    assert_eq!(down.fallback_decisions, 4, "{down:?}");
+    assert_eq!(down.breaker, BreakerState::Open);
+
+    server.restart().await;
+    let returned = Instant::now();
+    // Decided by Redis again within a cool-down (bounded): a fresh key is
+    // counted there, and the fallback decides no more.
+    let mut admin = server.conn().await;
+    for i in 0.. {
+        let key = format!("fresh-{i}");
+        let d = store.check_n(&key, 1).await.unwrap();
+        assert!(d.is_allowed());
+        if PackedKey::units_of(&mut admin, &store.redis_key(&key)).await > 0 {
+            break;
+        }
+        assert!(
+            returned.elapsed() < COOL_DOWN + TIMEOUT + MARGIN,
+            "{:?}",
+            store.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let back = store.stats().fallback_decisions;
+    // Redis' limit, not the fallback's (on a key the fallback never saw).
+    let mut allowed = 0;
+    for _ in 0..8 {
+        allowed += store.check_n(&"after", 1).await.unwrap().is_allowed() as u32;
+    }
+    assert_eq!(allowed, 5);
+    assert_eq!(store.stats().fallback_decisions, back);
 }

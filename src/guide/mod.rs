@@ -14,6 +14,9 @@
 //! - [`waiting`]: how the layer holds a request back instead of rejecting it.
 //! - [`tiers`]: limits per client tier, read from configuration and changed
 //!   at run time, and what a change guarantees.
+//! - [`fleet`]: a fleet on one Redis (feature `redis`): what happens when
+//!   Redis fails, leases of busy keys' units, and why the fleet still never
+//!   admits more than the limit in any window.
 //! - [`memory`]: what a limiter holds, when idle keys go (`sweep_idle`), and
 //!   what the process gets back from its allocator.
 
@@ -23,6 +26,10 @@ pub mod algorithm {
 
 pub mod custom_store {
     #![doc = include_str!("custom_store.md")]
+}
+
+pub mod fleet {
+    #![doc = include_str!("fleet.md")]
 }
 
 pub mod features {

@@ -1,27 +1,38 @@
 -- tower-sliding-window: one sliding-window decision, atomically, on Redis' clock.
--- The same ring semantics as src/ring.rs, with whole slot numbers instead of
--- 32-bit tags (Lua numbers are doubles: integers are exact below 2^53, and
--- microseconds since 1970 stay below that until the year 2255).
+-- The same ring semantics as src/ring, with whole slot numbers instead of tags
+-- (Lua numbers are doubles: integers are exact below 2^53, and microseconds
+-- since 1970 stay below that until the year 2255).
 --
--- KEYS[1]  the key's hash: field "t<w>:<N>" = newest slot entered, named for the
---          geometry its slots are numbered in (bucket width w in µs, N buckets);
---          field "<slot>" = units counted in that slot; field "c" = the slot at
---          which the key was last converted from another width (absent if
---          never). Stale slot fields are deleted here; the key expires (PEXPIRE)
---          when its newest units leave the window. A plain "t" (a key written
---          before the geometry was in the name) is read as this script's.
+-- KEYS[1]  the key: a string packed with struct.pack, written whole by each
+--          call that changes it and expiring (PX) once its newest units have
+--          left the window. A header '<BdI4dd': format 1, the bucket width w
+--          (µs) and count N its slots are numbered in, the newest slot entered,
+--          the slot at which it was last converted from another width (-1:
+--          never); then one record '<dI4' per slot holding units inside the
+--          span (slot, units), newest first. One GET and one SET: a hash of a
+--          field per slot costs a command more and a string per field.
 -- ARGV[1]  limit L
 -- ARGV[2]  N, buckets per window
 -- ARGV[3]  bucket width w in microseconds
 -- ARGV[4]  cost (0..=L; the client answers larger costs itself)
 -- ARGV[5]  "1" for interpolated precision, "0" for strict
--- ARGV[6]  optional: the time in microseconds (tests only; otherwise Redis' TIME)
+-- ARGV[6]  optional: the time in microseconds (tests), or "" for Redis' TIME
+-- ARGV[7]  optional, a lease: the units a second this instance expects of the
+--          key (0: no lease)
+-- ARGV[8]  the units this instance still holds in a grant of the current slot
+-- ARGV[9]  D: a grant takes at most 1/D of what the window has left
+-- ARGV[10] units handed back (a lease's leftovers, an undone decision) ...
+-- ARGV[11] ... at this slot: lowered before the check, only while the slot is
+--          inside the span, the key in this geometry and not converted at or
+--          after it (else their units may have moved: nothing is given back).
 --
--- Returns {allowed (0/1), remaining, retry_after_us, reset_us, slot}.
-
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
+-- Returns {allowed (0/1), remaining, retry_after_us, reset_us, slot, granted,
+-- valid_us}: `granted` units counted at `slot` (the cost and a lease's extra
+-- units, 0 when denied), usable for `valid_us`, until the slot ends.
+--
+-- Every decision runs this, so its common path (a check of a key whose newest
+-- record is the current slot, or a new slot) unpacks the header and the
+-- records once and writes the key with one pack: no closures, no tables.
 
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
@@ -29,185 +40,121 @@ local n = tonumber(ARGV[2])
 local w = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local interpolated = ARGV[5] == '1'
+local more = #ARGV > 5
 
-local now
-if ARGV[6] then
-  now = tonumber(ARGV[6])
-else
+local now = more and tonumber(ARGV[6])
+if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- floor(a / b) for whole a >= 0, b > 0, corrected for the double division's rounding.
-local function div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
+local HDR = 30 -- where the first record starts (the header is 29 bytes)
+local REC = 12
 
--- s = floor(now / w), inline: this is every decision's path.
+-- s = floor(now / w), corrected for the double division's rounding.
 local s = math.floor(now / w)
-if s * w > now then
-  s = s - 1
-elseif (s + 1) * w <= now then
-  s = s + 1
-end
+if s * w > now then s = s - 1 elseif (s + 1) * w <= now then s = s + 1 end
 
--- The geometry is in the newest-slot field's name, not a field of its own:
--- HGETALL then returns no more strings than before the geometry was recorded.
-local tname = 't' .. ARGV[3] .. ':' .. ARGV[2]
-local fields = redis.call('HGETALL', key)
-local newest = -1
-local tfield = nil -- the newest-slot field's name as found (nil: a new key)
-for i = 1, #fields, 2 do
-  local f = fields[i]
-  -- Written first, so normally the first field. 116 is "t".
-  if f == tname or (f ~= 'c' and string.byte(f) == 116) then
-    newest = tonumber(fields[i + 1])
-    tfield = f
-    break
+-- A key of another type fails here with Redis' WRONGTYPE: never overwritten.
+local v = redis.call('GET', key)
+local newest, conv = -1, -1
+local dirty = false -- the key changes even if nothing is counted
+local same = true -- the key is numbered in this geometry (units may be handed back)
+local min_ttl = 0 -- a converted key lives at least as long as it would have
+
+if v then
+  local version, kw, kn
+  version, kw, kn, newest, conv = struct.unpack('<BdI4dd', v)
+  if version ~= 1 then
+    return redis.error_reply('tower-sliding-window: ' .. key .. ' is of an unknown format')
   end
-end
-local kw = w
-if tfield and tfield ~= tname and tfield ~= 't' then
-  kw = tonumber(string.match(tfield, '^t(%d+):') or w)
-end
-
--- Slots of another width (the store was reconfigured to another window or
--- bucket count; the key keeps its name so that its counts carry over). The
--- script does not know the old window, so it moves counts conservatively: each
--- old slot's units go to the slot holding that slot's last instant (never
--- earlier than when they were counted), at most the current slot; those already
--- out of this window are dropped. The clock reached at least the start of the
--- old newest slot: that is the newest slot here, unless it is more than a
--- window ahead (a clock that far behind is not held for, as below).
-if kw ~= w then
-  local old_ttl = redis.call('PTTL', key)
-  local held = div(newest * kw, w)
-  if held > s and held <= s + n then s = held end
-  local moved = {}
-  for i = 1, #fields, 2 do
-    local o = tonumber(fields[i]) -- a slot field
-    if o then
-      local p = div((o + 1) * kw - 1, w)
+  if kw ~= w then
+    -- Slots of another width (the store was reconfigured to another window or
+    -- bucket count; the key keeps its name so that its counts carry over). The
+    -- script does not know the old window, so it moves counts conservatively:
+    -- each old slot's units go to the slot holding that slot's last instant
+    -- (never earlier than when they were counted), at most the current slot;
+    -- those already out of this window are dropped. The clock reached at least
+    -- the start of the old newest slot: that is the newest slot here, unless it
+    -- is more than a window ahead (a clock that far behind is not held for).
+    min_ttl = redis.call('PTTL', key)
+    local a = newest * kw
+    local held = math.floor(a / w)
+    if held * w > a then held = held - 1 elseif (held + 1) * w <= a then held = held + 1 end
+    if held > s and held <= s + n then s = held end
+    local moved, slots = {}, {}
+    for pos = HDR, #v - 1, REC do
+      local o, c = struct.unpack('<dI4', v, pos)
+      a = (o + 1) * kw - 1
+      local p = math.floor(a / w)
+      if p * w > a then p = p - 1 elseif (p + 1) * w <= a then p = p + 1 end
       if p > s then p = s end
       if s - p <= n then
-        moved[p] = (moved[p] or 0) + tonumber(fields[i + 1])
+        if not moved[p] then slots[#slots + 1] = p end
+        moved[p] = (moved[p] or 0) + c
       end
     end
+    table.sort(slots, function(x, y) return x > y end)
+    local out = {struct.pack('<BdI4dd', 1, w, n, s, s)}
+    for i = 1, #slots do out[i + 1] = struct.pack('<dI4', slots[i], moved[slots[i]]) end
+    v = table.concat(out)
+    newest, conv, dirty, same = s, s, true, false
+  elseif kn ~= n then
+    -- Another bucket count at the same width (a window changed by whole
+    -- buckets): the slots stand, and the key must now live as long as this
+    -- window needs after its newest units, or as the old one did.
+    min_ttl = redis.call('PTTL', key)
+    dirty, same = true, false
   end
-  local sf = string.format('%d', s)
-  local out = {tname, sf, 'c', sf}
-  for p, c in pairs(moved) do
-    out[#out + 1] = string.format('%d', p)
-    out[#out + 1] = string.format('%d', c)
+  -- A newest slot more than a window ahead is not a lagging clock worth
+  -- holding for: start the key afresh.
+  if newest > s + n then
+    v, newest, conv, dirty = nil, -1, -1, true
   end
-  redis.call('DEL', key)
-  -- In chunks: unpack() of thousands of values would overflow Lua's C stack.
-  for i = 1, #out, 500 do
-    redis.call('HSET', key, unpack(out, i, math.min(i + 499, #out)))
-  end
-  -- The longer of the old expiry and this window's from the current slot, so
-  -- nothing still counted by either policy expires early.
-  local ttl = math.max(1, math.ceil(((s + n + 1) * w - now) / 1000))
-  if old_ttl > ttl then ttl = old_ttl end
-  redis.call('PEXPIRE', key, ttl)
-  fields = out
-  newest = s
-  tfield = tname
 end
 
 -- A clock that steps back (a failover to a host whose clock lags) is held at the
 -- key's newest slot, as the in-memory ring does: nothing counted expires early.
--- A newest slot more than a window ahead is not a lagging clock worth holding
--- for: a clock that far behind, or (in a key with a plain "t", written before
--- the geometry was in the name) slots of another bucket width under the same
--- key. Holding would deny the key until the clock got there, for years in the
--- second case: start the key afresh.
-if newest > s + n then
-  redis.call('DEL', key)
-  fields = {}
-  newest = -1
-  tfield = nil
-end
-
--- Another bucket count at the same width (a window changed by whole buckets),
--- or a plain "t": the slots stand, renamed for this geometry, and the key must
--- now live as long as this window needs after its newest slot, also if every
--- check is denied (a denial sets no expiry).
-if tfield and tfield ~= tname then
-  local ttl = math.max(1, math.ceil(((newest + n + 1) * w - now) / 1000))
-  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-  redis.call('HDEL', key, tfield)
-  redis.call('HSET', key, tname, string.format('%d', newest))
-end
 if newest > s then s = newest end
 
--- counts[a] = units recorded at slot s - a, for ages 0..=N (sparse: nil is 0).
-local counts = {}
-local used = 0
-local stale = nil
-for i = 1, #fields, 2 do
-  local f = fields[i]
-  -- Slot fields are the numeric ones ("t…" and "c" are not): no compare per field.
-  local o = tonumber(f)
-  if o then
-    local a = s - o
-    if a > n then
-      stale = stale or {}
-      stale[#stale + 1] = f
-    else
-      if a < 0 then a = 0 end -- never written ahead of the newest; count it (the safe side)
-      local c = tonumber(fields[i + 1])
-      counts[a] = (counts[a] or 0) + c
-      used = used + c
+local back, back_slot = 0, -1
+if more and ARGV[10] then back, back_slot = tonumber(ARGV[10]), tonumber(ARGV[11]) end
+
+-- The records inside the span [s - N, s] are those before `cut` (newest
+-- first, so the stale ones are a tail, dropped by not copying it).
+local used, oldest, cut = 0, 0, HDR
+local first_slot, first_count = -1, 0 -- the newest record
+local back_pos = nil -- the record units are handed back to
+if v then
+  for pos = HDR, #v - 1, REC do
+    local slot, c = struct.unpack('<dI4', v, pos)
+    local a = s - slot
+    if a > n then break end
+    if pos == HDR then first_slot, first_count = slot, c end
+    if slot == back_slot and back > 0 and slot > conv and same then
+      if back > c then back = c end
+      c = c - back
+      back_pos = pos
     end
+    if a == n then oldest = c end
+    used = used + c
+    cut = pos + REC
   end
+  if cut <= #v then dirty = true end
 end
-local oldest = counts[n] or 0
+if not back_pos then back = 0 end
 
 -- Interpolated: the window [now - W, now] still covers (w - elapsed) of the oldest
--- bucket, whose units are weighted by that share. Scaled by w to stay in integers.
-local elapsed = now - s * w
-if elapsed < 0 then elapsed = 0 elseif elapsed > w then elapsed = w end
-
-local function remaining(total)
-  local r
-  if interpolated then
-    -- floor((limit * w - (total * w - oldest * elapsed)) / w) without forming
-    -- total * w: total may exceed the limit (up to about twice), and the
-    -- builder only keeps (limit + 1) * w below 2^53.
-    r = limit - total + math.floor(oldest * elapsed / w)
-  else
-    r = limit - total
-  end
-  if r < 0 then return 0 end
-  return r
-end
-
--- Time until every counted unit has expired: the youngest leaves last.
-local function reset()
-  for a = 0, n do
-    if (counts[a] or 0) > 0 then
-      return (s - a + n + 1) * w - now
-    end
-  end
-  return 0
-end
-
-if stale then
-  -- In chunks: unpack() of thousands of values would overflow Lua's C stack.
-  for i = 1, #stale, 500 do
-    redis.call('HDEL', key, unpack(stale, i, math.min(i + 499, #stale)))
-  end
-end
-
+-- bucket, whose units are weighted by that share; the remaining units are then
+-- floor((limit * w - (total * w - oldest * elapsed)) / w), formed without
+-- total * w (total may exceed the limit, up to about twice; the builder only
+-- keeps (limit + 1) * w below 2^53).
+local elapsed, bonus = 0, 0
 local fits
 if interpolated then
+  elapsed = now - s * w
+  if elapsed < 0 then elapsed = 0 elseif elapsed > w then elapsed = w end
+  bonus = math.floor(oldest * elapsed / w)
   -- (used + cost) * w - oldest * elapsed <= limit * w, with every product below
   -- limit * w (exact): past the limit by more than the oldest bucket never fits.
   local over = used + cost - limit
@@ -216,30 +163,103 @@ else
   fits = used + cost <= limit
 end
 
-local sf = string.format('%d', s)
+local valid = (s + 1) * w - now
+if valid > w then valid = w end
+
+local granted = 0
 if fits then
-  local current = counts[0] or 0
-  counts[0] = current + cost
-  used = used + cost
-  -- A check enters its slot whether or not it passes (the ring publishes "newest").
-  if s > newest then
-    redis.call('HSET', key, tname, sf, sf, current + cost)
-  else
-    redis.call('HSET', key, sf, current + cost)
+  granted = cost
+  if more and ARGV[7] then
+    local rate = tonumber(ARGV[7])
+    if rate > 0 then
+      -- A lease: what this instance expects to use until the slot ends, beyond
+      -- what it holds, at most 1/D of what the window has left after the cost.
+      local extra = math.floor(rate * valid / 1000000) - tonumber(ARGV[8])
+      local cap = math.floor((limit - used - cost + bonus) / tonumber(ARGV[9]))
+      if extra > cap then extra = cap end
+      if extra > 0 then granted = cost + extra end
+    end
   end
-  if current == 0 then
-    -- The first units of slot s: the key is idle once slot s + N + 1 begins.
-    -- Later units of the same slot expire at the same moment, so only the first
-    -- write of each slot needs to move the expiry.
-    redis.call('PEXPIRE', key, math.max(1, math.ceil(((s + n + 1) * w - now) / 1000)))
-  end
-  return {1, remaining(used), 0, reset(), s}
 end
 
--- Denied (the key holds units, so it exists and has its expiry).
-if s > newest and used > 0 then redis.call('HSET', key, tname, sf) end
+-- Write the key when something changed: units counted or handed back, stale
+-- records dropped, a conversion, or a newer slot entered by a check that
+-- counted nothing (a denial: the ring publishes its newest slot too).
+local youngest = first_slot -- the newest slot holding units
+if granted > 0 or back > 0 or dirty or (s > newest and used > 0) then
+  local value
+  if back == 0 then
+    -- The common path: the current slot's record first, then the others as
+    -- they are (the stale tail cut off).
+    local from = HDR
+    local head
+    if granted == 0 then
+      head = struct.pack('<BdI4dd', 1, w, n, s, conv)
+    elseif first_slot == s then
+      head = struct.pack('<BdI4dddI4', 1, w, n, s, conv, s, first_count + granted)
+      from = HDR + REC
+    else
+      head = struct.pack('<BdI4dddI4', 1, w, n, s, conv, s, granted)
+    end
+    if v and cut > from then value = head .. string.sub(v, from, cut - 1) else value = head end
+  else
+    -- Units handed back: their record is lowered, or left out once empty.
+    local parts = {struct.pack('<BdI4dd', 1, w, n, s, conv)}
+    local from = HDR
+    if granted > 0 then
+      if first_slot == s then
+        local c = first_count + granted
+        if back_pos == HDR then c = c - back end
+        parts[2] = struct.pack('<dI4', s, c)
+        from = HDR + REC
+      else
+        parts[2] = struct.pack('<dI4', s, granted)
+      end
+    end
+    if back_pos >= from then
+      local slot, c = struct.unpack('<dI4', v, back_pos)
+      parts[#parts + 1] = string.sub(v, from, back_pos - 1)
+      if c > back then parts[#parts + 1] = struct.pack('<dI4', slot, c - back) end
+      from = back_pos + REC
+    end
+    parts[#parts + 1] = string.sub(v, from, cut - 1)
+    value = table.concat(parts)
+  end
+  youngest = -1
+  if #value >= HDR then youngest = struct.unpack('<d', value, HDR) end
+  if youngest < 0 then
+    redis.call('DEL', key)
+  else
+    local ttl = math.ceil(((youngest + n + 1) * w - now) / 1000)
+    if ttl < min_ttl then ttl = min_ttl end
+    if ttl < 1 then ttl = 1 end
+    redis.call('SET', key, value, 'PX', ttl)
+  end
+  used = used + granted
+  if n == 0 and granted > 0 then
+    -- The current slot is also the oldest.
+    oldest = oldest + granted
+    if interpolated then bonus = math.floor(oldest * elapsed / w) end
+  end
+end
+
+-- Time until every counted unit has expired: the youngest leaves last.
+local reset = 0
+if youngest >= 0 and used > 0 then reset = (youngest + n + 1) * w - now end
+local remaining = limit - used + bonus
+if remaining < 0 then remaining = 0 end
+
+if fits then
+  return {1, remaining, 0, reset, s, granted, valid}
+end
 
 -- The exact time until `cost` fits, as counts expire slot by slot (Ring::denied).
+local counts = {}
+for pos = HDR, cut - 1, REC do
+  local slot, c = struct.unpack('<dI4', v, pos)
+  if pos == back_pos then c = c - back end
+  counts[s - slot] = c
+end
 local target = limit - cost
 if target < 0 then target = 0 end
 local at = (s + n + 1) * w
@@ -261,4 +281,4 @@ for k = 0, n do
 end
 local retry = at - now
 if retry < 1 then retry = 1 end
-return {0, remaining(used), retry, reset(), s}
+return {0, remaining, retry, reset, s, 0, valid}

@@ -30,6 +30,12 @@ mod on {
     const REDIS_BREAKER_OPENS: &str = "tower_sliding_window_redis_breaker_opens_total";
     /// Where the breaker stands: 0 closed, 1 open, 2 half-open.
     const REDIS_BREAKER_STATE: &str = "tower_sliding_window_redis_breaker_state";
+    /// Checks admitted from a lease, each a round trip saved.
+    const REDIS_LEASE_DECISIONS: &str = "tower_sliding_window_redis_lease_decisions_total";
+    /// Grants received: replies that counted units beyond the check's cost.
+    const REDIS_LEASE_GRANTS: &str = "tower_sliding_window_redis_lease_grants_total";
+    /// Units of leases, by `kind`: `granted`, `handed_back`.
+    const REDIS_LEASE_UNITS: &str = "tower_sliding_window_redis_lease_units_total";
 
     /// When a call to Redis was sent.
     pub(crate) struct CallStarted(std::time::Instant);
@@ -46,6 +52,12 @@ mod on {
         deny_cache_hits: Counter,
         breaker_opens: Counter,
         breaker_state: Gauge,
+        fallback_allowed: Counter,
+        fallback_denied: Counter,
+        lease_decisions: Counter,
+        lease_grants: Counter,
+        lease_units_granted: Counter,
+        lease_units_handed_back: Counter,
         /// Breaker openings already handed to the recorder.
         flushed_opens: AtomicU64,
     }
@@ -86,6 +98,12 @@ mod on {
                 deny_cache_hits: counter!(REDIS_DENY_CACHE_HITS, "policy" => policy.to_owned()),
                 breaker_opens: counter!(REDIS_BREAKER_OPENS, "policy" => policy.to_owned()),
                 breaker_state: gauge!(REDIS_BREAKER_STATE, "policy" => policy.to_owned()),
+                fallback_allowed: decisions("fallback_allowed"),
+                fallback_denied: decisions("fallback_denied"),
+                lease_decisions: counter!(REDIS_LEASE_DECISIONS, "policy" => policy.to_owned()),
+                lease_grants: counter!(REDIS_LEASE_GRANTS, "policy" => policy.to_owned()),
+                lease_units_granted: counter!(REDIS_LEASE_UNITS, "policy" => policy.to_owned(), "kind" => "granted"),
+                lease_units_handed_back: counter!(REDIS_LEASE_UNITS, "policy" => policy.to_owned(), "kind" => "handed_back"),
                 flushed_opens: AtomicU64::new(0),
             }
         }
@@ -107,6 +125,29 @@ mod on {
 
         pub(crate) fn error(&self, kind: StoreErrorKind) {
             self.errors[kind_index(kind)].increment(1);
+        }
+
+        /// A decision of the fallback limiter.
+        pub(crate) fn fallback(&self, allowed: bool) {
+            if allowed {
+                &self.fallback_allowed
+            } else {
+                &self.fallback_denied
+            }
+            .increment(1);
+        }
+
+        pub(crate) fn lease_decision(&self) {
+            self.lease_decisions.increment(1);
+        }
+
+        pub(crate) fn lease_granted(&self, units: u32) {
+            self.lease_grants.increment(1);
+            self.lease_units_granted.increment(u64::from(units));
+        }
+
+        pub(crate) fn lease_handed_back(&self, units: u32) {
+            self.lease_units_handed_back.increment(u64::from(units));
         }
 
         pub(crate) fn deny_cache_hit(&self) {
@@ -165,6 +206,18 @@ mod off {
 
         #[inline(always)]
         pub(crate) fn error(&self, _kind: StoreErrorKind) {}
+
+        #[inline(always)]
+        pub(crate) fn fallback(&self, _allowed: bool) {}
+
+        #[inline(always)]
+        pub(crate) fn lease_decision(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn lease_granted(&self, _units: u32) {}
+
+        #[inline(always)]
+        pub(crate) fn lease_handed_back(&self, _units: u32) {}
 
         #[inline(always)]
         pub(crate) fn deny_cache_hit(&self) {}

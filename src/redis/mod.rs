@@ -6,18 +6,23 @@
 //! more than `limit` admitted units across all instances. Time comes from Redis'
 //! own `TIME`, so instances whose clocks disagree still agree on the window.
 //!
-//! Each key is one hash, `prefix{key}`: the hash tag keeps a key's data in one
-//! Redis Cluster slot, and it expires by itself (`PEXPIRE`) once its units have
-//! left the window, so Redis memory tracks the keys active in the last window.
-//! Its fields: `t<width µs>:<buckets>`, the newest slot entered, named for
-//! the geometry the slots are numbered in; one field per slot number holding
-//! units; and `c`, the slot at which the key was last converted from another
-//! bucket width (after [`RedisStore::reconfigured`] changed the window or
-//! buckets; absent if never).
-//! The limit is in none of them (nor in the default prefix): it is the
-//! script's argument, so a change of limit keeps the counts as they are.
+//! Each key is one string, `prefix{key}`: the hash tag keeps a key's data in
+//! one Redis Cluster slot, and it expires by itself (`SET … PX`) once its units
+//! have left the window, so Redis memory tracks the keys active in the last
+//! window. Its value is packed (`struct.pack` in the script): the geometry its
+//! slots are numbered in (bucket width and count), the newest slot entered,
+//! the slot at which it was last converted from another bucket width (after
+//! [`RedisStore::reconfigured`] changed the window or buckets), then one
+//! record per slot holding units inside the window, newest first. A decision
+//! reads it with one `GET` and writes it with one `SET` (with `TIME`, three
+//! commands, as a GCRA script's). The limit is in none of it (nor in the
+//! default prefix): it is the script's argument, so a change of limit keeps
+//! the counts as they are. An undo runs the same script, handing units back
+//! to their slot. Redis 5 or later (or Valkey): the script writes after
+//! reading `TIME`, which needs effects replication, the default since 5.
 //!
-//! The connection is the `redis` crate's [`ConnectionManager`]: one multiplexed
+//! The connection is the `redis` crate's
+//! [`ConnectionManager`](::redis::aio::ConnectionManager): one multiplexed
 //! connection (concurrent decisions are pipelined on it, no pool to size) that
 //! reconnects when it drops. It makes one connection attempt at a time, so a
 //! refused connection fails the decision at once with its cause instead of
@@ -29,12 +34,15 @@
 //! connection instead, such as a cluster connection for Redis Cluster.
 
 mod breaker;
+mod connection;
 mod deny_cache;
 mod key;
+mod lease;
 mod metrics;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use key::RedisKey;
+pub use lease::Leases;
 
 /// The `redis` crate this store is built on, for
 /// [`RedisStoreBuilder::client`] and [`RedisStoreBuilder::connection`].
@@ -45,23 +53,24 @@ use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
 use crate::policy::{Policy, Precision};
 use crate::stats::bump;
+use crate::store::Limiter;
 use crate::store::{Store, StoreError, StoreErrorKind};
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{
-    Client, ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind,
-};
+use ::redis::aio::ConnectionManagerConfig;
+use ::redis::{Client, FromRedisValue, RedisError, Script, ScriptInvocation};
 use breaker::{Admit, Breaker, Probe};
+pub use connection::{AsyncConnection, AsyncConnectionHandle};
+use connection::{Connection, Failure};
 use deny_cache::DenyCache;
+use lease::{Ask, LeaseTable, Leased, Reply, Tick};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 const CHECK_SCRIPT: &str = include_str!("check.lua");
-const UNDO_SCRIPT: &str = include_str!("undo.lua");
 
 /// Lua numbers are doubles: every product the script forms must stay below 2^53.
 const LUA_EXACT: u128 = 1 << 53;
@@ -73,14 +82,6 @@ const WARM_UP_MIN_PAUSE: Duration = Duration::from_millis(10);
 const WARM_UP_MAX_PAUSE: Duration = Duration::from_millis(200);
 /// At most one failure warning per this interval (the counters keep the total).
 const WARN_INTERVAL: Duration = Duration::from_secs(1);
-/// Timeouts in a row after which the managed connection is replaced: a
-/// connection gone silent without closing (a peer vanished without a reset) is
-/// otherwise kept until the OS gives up on it, many minutes later.
-const REPLACE_AFTER_TIMEOUTS: u32 = 3;
-/// At most one replacement per this interval, so a Redis that is merely slow
-/// under load is not also flooded with new connections.
-const REPLACE_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Lets one caller through per interval, without a lock: the first to find the
 /// interval over wins a compare-and-swap; the very first call is let through.
 struct Every {
@@ -113,7 +114,18 @@ impl Every {
 
 /// What a [`RedisStore`] does when Redis is down, slower than the timeout, or
 /// answers with an error. There is no default: the choice is the operator's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sliding_window::{FailurePolicy, Policy};
+///
+/// // The fleet's 600 a minute is 200 a minute on each of three instances
+/// // while Redis is away.
+/// let per_instance = Policy::per(200, Duration::from_secs(60)).unwrap();
+/// let failure = FailurePolicy::Fallback(per_instance);
+/// assert_ne!(failure, FailurePolicy::Closed);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Let the request through ([`Decision::is_unchecked`]), with a rate-limited
@@ -123,6 +135,17 @@ pub enum FailurePolicy {
     /// `Retry-After` suggestion (while the circuit breaker is open, at least
     /// the rest of its cool-down), which the layer answers with 503.
     Closed,
+    /// Decide in an in-memory [`Limiter`] of this policy, on this instance
+    /// alone: a **per-instance** limit (say, the fleet's limit divided by its
+    /// number of instances), with the usual denials and headers, while Redis
+    /// fails and the circuit breaker is open. Redis decides again as soon as
+    /// it answers (the breaker's next probe). What the fallback admits is not
+    /// counted in Redis: a window that spans the outage's end may hold, on top
+    /// of the fleet's limit, what each instance's fallback admitted in it.
+    /// The limiter is built with the store (its policy is checked as
+    /// [`Limiter::new`] checks one) and shared by the stores
+    /// [`reconfigured`](RedisStore::reconfigured) from it.
+    Fallback(Policy),
 }
 
 /// Counters since the store was built. Reading them is a few relaxed loads.
@@ -159,6 +182,20 @@ pub struct RedisStoreStats {
     pub undos: u64,
     /// Keys in the local deny cache right now.
     pub deny_cache_len: usize,
+    /// Checks admitted from a lease, without a round trip: the round trips
+    /// that leases saved ([`RedisStoreBuilder::leases`]).
+    pub lease_decisions: u64,
+    /// Replies that granted units beyond the check's cost.
+    pub lease_grants: u64,
+    /// Units granted beyond the checks' costs, in all.
+    pub lease_units_granted: u64,
+    /// Of those, units handed back unused (a grant's leftovers at the end of
+    /// its bucket, at a change of policy or at shutdown) in calls Redis
+    /// answered. Units a grant holds now: granted, less those handed back,
+    /// less the lease decisions' costs.
+    pub lease_units_handed_back: u64,
+    /// Checks decided by the fallback limiter ([`FailurePolicy::Fallback`]).
+    pub fallback_decisions: u64,
 }
 
 #[derive(Default)]
@@ -170,9 +207,34 @@ struct Counters {
     timeouts: AtomicU64,
     failed_open: AtomicU64,
     undos: AtomicU64,
+    lease_decisions: AtomicU64,
+    lease_grants: AtomicU64,
+    lease_units_granted: AtomicU64,
+    lease_units_handed_back: AtomicU64,
+    fallback_decisions: AtomicU64,
     /// `failures` when the last warning was logged.
     warned_failures: AtomicU64,
 }
+
+/// What the script answered: the decision, the units it counted (its cost,
+/// and a lease's), and how long its slot lasted then.
+struct Answer {
+    decision: Decision,
+    granted: u32,
+    valid: Duration,
+}
+
+/// A lease's part of a call: units a second expected of the key here, and
+/// units this instance still holds of it.
+#[derive(Clone, Copy)]
+struct LeaseArgs {
+    rate: f64,
+    have: u32,
+}
+
+/// Bit 63 of a decision's slot: decided by the fallback limiter (its slots,
+/// from the local clock, stay far below it; Redis' below 2^52).
+const FALLBACK_SLOT: u64 = 1 << 63;
 
 /// A sliding-window [`Store`] in Redis, shared by every instance that points at
 /// the same Redis and prefix. Cloning is cheap; clones share the connection,
@@ -206,6 +268,20 @@ struct Counters {
 /// one cool-down of its return. While it is closed it costs a decision one
 /// atomic load. [`CircuitBreaker`] has the details and settings;
 /// [`stats`](RedisStore::stats) its state, openings, probes and answers.
+///
+/// **Leases** (opt-in, [`RedisStoreBuilder::leases`]): a check that goes to
+/// Redis may ask for more units than its cost, counted in Redis at once in
+/// the bucket that holds Redis' time; this instance admits further checks of
+/// the key from them without a round trip until that bucket ends (measured
+/// here from when the request was sent, less 0.1% for clocks that drift), and
+/// hands back what is left. Every unit admitted anywhere is thus counted in
+/// Redis in the bucket that holds its admission, and the strict check on
+/// Redis bounds every window of the fleet: the guide's
+/// [fleet chapter](crate::guide::fleet) states the guarantee and proves it.
+/// A hot key costs a small fraction of a round trip per decision; a cold key
+/// (a request now and then) still costs one. Call
+/// [`shutdown`](RedisStore::shutdown) when an instance stops, so that its
+/// units go back to the fleet at once.
 ///
 /// **Local deny cache:** when Redis denies `cost` units of a key with
 /// `retry_after` R, this instance denies that key (for the same `cost`)
@@ -242,6 +318,34 @@ struct Counters {
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
+    /// Dropped with the last clone: the store's leases are handed back.
+    _owner: Arc<Owner>,
+}
+
+/// The handles' share of a store: when the last is dropped, the leases are
+/// handed back in the background (the tasks that renew them hold the store's
+/// state, not this).
+struct Owner(Arc<Inner>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if self.0.leases.as_ref().is_some_and(LeaseTable::is_open) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let inner = self.0.clone();
+                runtime.spawn(async move { inner.close_leases().await });
+            }
+        }
+    }
+}
+
+impl RedisStore {
+    fn from_inner(inner: Inner) -> RedisStore {
+        let inner = Arc::new(inner);
+        RedisStore {
+            _owner: Arc::new(Owner(inner.clone())),
+            inner,
+        }
+    }
 }
 
 /// One store's state. The connection, the breaker, the counters and the
@@ -256,7 +360,6 @@ struct Inner {
     prefix: Vec<u8>,
     conn: Arc<Connection>,
     check: Script,
-    undo: Script,
     timeout: Duration,
     failure: FailurePolicy,
     closed_retry_after: Duration,
@@ -266,6 +369,12 @@ struct Inner {
     warnings: Arc<Every>,
     breaker: Option<Arc<Breaker>>,
     metrics: Arc<RedisMetrics>,
+    /// This store's leases (`None`: off); each store has its own.
+    leases: Option<LeaseTable>,
+    lease_settings: Option<Leases>,
+    /// The limiter of [`FailurePolicy::Fallback`], shared with the stores
+    /// reconfigured from this one.
+    fallback: Option<Arc<Limiter<Vec<u8>>>>,
 }
 
 /// Builder for [`RedisStore`]; [`build`](RedisStoreBuilder::build) validates.
@@ -283,6 +392,7 @@ pub struct RedisStoreBuilder {
     deny_cache_capacity: usize,
     connect_timeout: Duration,
     breaker: CircuitBreaker,
+    leases: Option<Leases>,
 }
 
 impl RedisStore {
@@ -307,6 +417,7 @@ impl RedisStore {
             deny_cache_capacity: RedisStore::DEFAULT_DENY_CACHE_CAPACITY,
             connect_timeout: Duration::from_secs(1),
             breaker: CircuitBreaker::default(),
+            leases: None,
         }
     }
 
@@ -327,6 +438,11 @@ impl RedisStore {
             breaker_answered: breaker.map_or(0, |b| b.answered.load(Relaxed)),
             undos: c.undos.load(Relaxed),
             deny_cache_len: self.inner.deny_cache.as_ref().map_or(0, DenyCache::len),
+            lease_decisions: c.lease_decisions.load(Relaxed),
+            lease_grants: c.lease_grants.load(Relaxed),
+            lease_units_granted: c.lease_units_granted.load(Relaxed),
+            lease_units_handed_back: c.lease_units_handed_back.load(Relaxed),
+            fallback_decisions: c.fallback_decisions.load(Relaxed),
         }
     }
 
@@ -350,8 +466,14 @@ impl RedisStore {
     /// This store stays usable: a check in flight finishes under the old
     /// policy, and its undos still give back what it counted (unless the new
     /// store has checked the key meanwhile under another window or bucket
-    /// count: then they give nothing back, the safe side). Every decision is
-    /// still one round trip.
+    /// count: then they give nothing back, the safe side).
+    ///
+    /// With [leases](RedisStoreBuilder::leases), the change voids this
+    /// store's grants: the units it holds are handed back (in the background,
+    /// in the old geometry: nothing is given back to a key the new store has
+    /// already converted), and this store leases no more, so that no unit
+    /// granted under the old policy is admitted after the change. The new
+    /// store leases afresh, under the new policy.
     ///
     /// A change of limit (or precision) keeps the counts as they are: raising
     /// the limit gives room at once, lowering it denies until enough admitted
@@ -428,18 +550,37 @@ impl RedisStore {
             prefix: old.prefix.clone(),
             conn: old.conn.clone(),
             check: Script::new(CHECK_SCRIPT),
-            undo: Script::new(UNDO_SCRIPT),
             timeout: old.timeout,
-            failure: old.failure,
+            failure: old.failure.clone(),
             closed_retry_after: old.closed_retry_after,
             counters: old.counters.clone(),
             warnings: old.warnings.clone(),
             breaker: old.breaker.clone(),
             metrics,
+            leases: old
+                .lease_settings
+                .map(|l| LeaseTable::new(l, Duration::from_micros(geometry.width_us))),
+            lease_settings: old.lease_settings,
+            fallback: old.fallback.clone(),
         };
-        Ok(RedisStore {
-            inner: Arc::new(inner),
-        })
+        if old.leases.is_some() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let old = old.clone();
+                runtime.spawn(async move { old.close_leases().await });
+            }
+        }
+        Ok(RedisStore::from_inner(inner))
+    }
+
+    /// Hand back every unit this store's leases hold and lease no more (the
+    /// store goes on deciding, each check with a round trip); returns once
+    /// Redis has answered each hand-back (or its timeout passed). Call it
+    /// before an instance stops, so that the fleet gets the units back at
+    /// once: dropping the last clone of the store does the same in the
+    /// background, and an instance that dies without either loses its
+    /// leftovers to the fleet until their bucket leaves the window.
+    pub async fn shutdown(&self) {
+        self.inner.close_leases().await;
     }
 
     /// The Redis key that holds `key`'s counts: `prefix{key}`.
@@ -483,7 +624,23 @@ impl RedisStore {
     #[cfg(all(test, not(tsw_loom)))]
     pub(crate) async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
         if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
-            self.inner.run_undo(user, slot, cost).await;
+            self.inner.run_undo(user, slot, cost, None).await;
+        }
+    }
+
+    /// [`Store::undo`] at a given Redis time, awaited (for tests that decide
+    /// at injected times: the script hands units back only to slots inside
+    /// the window of its time).
+    #[cfg(all(test, not(tsw_loom)))]
+    pub(crate) async fn undo_at<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        decision: &Decision,
+        now: Duration,
+    ) {
+        if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
+            let now_us = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+            self.inner.run_undo(user, slot, cost, Some(now_us)).await;
         }
     }
 }
@@ -496,6 +653,7 @@ impl fmt::Debug for RedisStore {
             .field("timeout", &self.inner.timeout)
             .field("failure", &self.inner.failure)
             .field("breaker", &self.breaker_state())
+            .field("leases", &self.inner.lease_settings)
             .finish_non_exhaustive()
     }
 }
@@ -513,6 +671,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("deny_cache_capacity", &self.deny_cache_capacity)
             .field("connect_timeout", &self.connect_timeout)
             .field("circuit_breaker", &self.breaker)
+            .field("leases", &self.leases)
             .finish_non_exhaustive()
     }
 }
@@ -567,8 +726,8 @@ impl RedisStoreBuilder {
     /// counts; a [`reconfigured`](RedisStore::reconfigured) store keeps its
     /// prefix whatever the new policy. It must not contain `{` or `}`: the
     /// key's hash tag follows it. A custom prefix kept across a change of
-    /// bucket width meets the old slots: the key records its geometry (in
-    /// the name of its newest-slot field), and the first check under another
+    /// bucket width meets the old slots: the key records its geometry, and
+    /// the first check under another
     /// width converts its counts as [`RedisStore::reconfigured`] describes.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
@@ -613,6 +772,17 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Lease units to this instance (off by default): a check that goes to
+    /// Redis may ask for more units than its cost, which this instance then
+    /// admits without a round trip until the bucket they were counted in
+    /// ends; see [`Leases`] for how much, and [`RedisStore`] for the
+    /// guarantee. A hot key costs a small fraction of a round trip per
+    /// decision; a cold key (a request now and then) still costs one.
+    pub fn leases(mut self, leases: Leases) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
     /// Validate and build. Must run inside a tokio runtime; connects lazily (and
     /// starts connecting at once in the background), so it succeeds while Redis
     /// is down.
@@ -640,6 +810,18 @@ impl RedisStoreBuilder {
         if !self.breaker.is_off() && self.breaker.cool_down().is_zero() {
             return Err(ConfigError::ZeroCoolDown);
         }
+        if let Some(leases) = self.leases {
+            if leases.share() == 0 {
+                return Err(ConfigError::ZeroLeaseShare);
+            }
+            if leases.keys() == 0 {
+                return Err(ConfigError::ZeroLeaseKeys);
+            }
+        }
+        let fallback = match &self.failure {
+            FailurePolicy::Fallback(policy) => Some(Arc::new(Limiter::new(policy.clone())?)),
+            _ => None,
+        };
         let policy = self.policy;
         let geometry = Geometry::of(&policy)?;
         let buckets = geometry.buckets;
@@ -686,24 +868,15 @@ impl RedisStoreBuilder {
                     .set_number_of_retries(0)
                     // Pipelined decisions from many concurrent requests queue here.
                     .set_pipeline_buffer_size(1024);
-                let current =
-                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                        .map_err(|e| ConfigError::InvalidRedisUrl {
-                            source: Box::new(e),
-                        })?;
-                Connection::Managed(Box::new(Managed {
-                    client,
-                    config,
-                    current: RwLock::new(current),
-                    timeouts_in_a_row: AtomicU32::new(0),
-                    replacements: Every::new(REPLACE_INTERVAL),
-                }))
+                Connection::managed(client, config).map_err(|e| ConfigError::InvalidRedisUrl {
+                    source: Box::new(e),
+                })?
             }
             (None, Some(connection)) => connection,
             (None, None) => return Err(ConfigError::NoRedis),
         };
         let metrics = Arc::new(RedisMetrics::new(policy.name()));
-        let inner = Arc::new(Inner {
+        let inner = Inner {
             deny_cache: new_deny_cache(self.deny_cache_capacity, &policy),
             deny_cache_capacity: self.deny_cache_capacity,
             limit: policy.limit(),
@@ -714,7 +887,6 @@ impl RedisStoreBuilder {
             prefix: prefix.into_bytes(),
             conn: Arc::new(conn),
             check: Script::new(CHECK_SCRIPT),
-            undo: Script::new(UNDO_SCRIPT),
             timeout: self.timeout,
             failure: self.failure,
             closed_retry_after: self.closed_retry_after,
@@ -722,13 +894,18 @@ impl RedisStoreBuilder {
             warnings: Arc::new(Every::new(WARN_INTERVAL)),
             breaker: Breaker::new(self.breaker).map(Arc::new),
             metrics,
-        });
-        let store = RedisStore { inner };
+            leases: self
+                .leases
+                .map(|l| LeaseTable::new(l, Duration::from_micros(geometry.width_us))),
+            lease_settings: self.leases,
+            fallback,
+        };
+        let store = RedisStore::from_inner(inner);
         // Connect and load the scripts now, in the background, so the first request
         // does not pay for it (the lazy connection only progresses while awaited).
-        let warm = store.clone();
+        let warm = store.inner.clone();
         tokio::spawn(async move {
-            let _ = warm.inner.load_scripts(BACKGROUND_WARM_UP).await;
+            let _ = warm.load_scripts(BACKGROUND_WARM_UP).await;
         });
         Ok(store)
     }
@@ -788,203 +965,6 @@ fn new_deny_cache(capacity: usize, policy: &Policy) -> Option<DenyCache> {
     })
 }
 
-/// An async `redis` crate connection a [`RedisStore`] can decide over, given to
-/// [`RedisStoreBuilder::connection`]. Implemented for every cloneable
-/// `redis::aio::ConnectionLike` (a `MultiplexedConnection`, a
-/// `ConnectionManager`, a `cluster_async::ClusterConnection`, …).
-pub trait AsyncConnection: Send + Sync {
-    /// A handle to the same connection, for one request.
-    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle>;
-}
-
-/// One request's handle on an [`AsyncConnection`].
-pub trait AsyncConnectionHandle: ::redis::aio::ConnectionLike + Send {}
-
-impl<C: ::redis::aio::ConnectionLike + Send> AsyncConnectionHandle for C {}
-
-impl<C> AsyncConnection for C
-where
-    C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    fn clone_box(&self) -> Box<dyn AsyncConnectionHandle> {
-        Box::new(self.clone())
-    }
-}
-
-/// The store's connection: managed (reconnects by itself) or the caller's own.
-enum Connection {
-    Managed(Box<Managed>),
-    Custom(Box<dyn AsyncConnection>),
-}
-
-/// The `redis` crate's `ConnectionManager`, which reconnects when its
-/// connection drops or errors, replaced by a fresh one after
-/// [`REPLACE_AFTER_TIMEOUTS`] timeouts in a row or a silent one (it does not
-/// reconnect on a timeout, so a connection gone silent would be kept).
-struct Managed {
-    client: Client,
-    config: ConnectionManagerConfig,
-    current: RwLock<ConnectionManager>,
-    timeouts_in_a_row: AtomicU32,
-    replacements: Every,
-}
-
-impl Connection {
-    fn is_managed(&self) -> bool {
-        matches!(self, Connection::Managed(_))
-    }
-
-    fn handle(&self) -> Handle {
-        match self {
-            Connection::Managed(m) => {
-                let current = m.current.read().unwrap_or_else(|e| e.into_inner());
-                Handle::Managed(current.clone())
-            }
-            Connection::Custom(conn) => Handle::Custom(conn.clone_box()),
-        }
-    }
-
-    /// A reply came back in time.
-    fn answered(&self) {
-        if let Connection::Managed(m) = self {
-            if m.timeouts_in_a_row.load(Relaxed) != 0 {
-                m.timeouts_in_a_row.store(0, Relaxed);
-            }
-        }
-    }
-
-    /// A request timed out; after enough in a row, start a fresh connection.
-    fn timed_out(&self) {
-        let Connection::Managed(m) = self else {
-            return;
-        };
-        if m.timeouts_in_a_row.fetch_add(1, Relaxed) + 1 < REPLACE_AFTER_TIMEOUTS
-            || !m.replacements.due(Instant::now())
-        {
-            return;
-        }
-        m.replace();
-    }
-}
-
-impl Connection {
-    /// A call timed out while nothing was answered: replace a managed
-    /// connection now (at most once per [`REPLACE_INTERVAL`]) instead of
-    /// after [`REPLACE_AFTER_TIMEOUTS`] in a row, which the open breaker's
-    /// probes would take a few cool-downs to reach.
-    fn stalled(&self) {
-        if let Connection::Managed(m) = self {
-            if m.replacements.due(Instant::now()) {
-                m.replace();
-            }
-        }
-    }
-}
-
-impl Managed {
-    /// A fresh connection (lazily: it connects on its first request).
-    /// Requests already sent on the old one finish or time out there.
-    fn replace(&self) {
-        self.timeouts_in_a_row.store(0, Relaxed);
-        if let Ok(fresh) =
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-        {
-            *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-        }
-    }
-}
-
-/// A per-request handle (the `redis` crate takes connections by `&mut`).
-enum Handle {
-    Managed(ConnectionManager),
-    Custom(Box<dyn AsyncConnectionHandle>),
-}
-
-impl ::redis::aio::ConnectionLike for Handle {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a ::redis::Cmd,
-    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
-        match self {
-            Handle::Managed(conn) => conn.req_packed_command(cmd),
-            Handle::Custom(conn) => conn.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a ::redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
-        match self {
-            Handle::Managed(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Handle::Custom(conn) => conn.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Handle::Managed(conn) => conn.get_db(),
-            Handle::Custom(conn) => conn.get_db(),
-        }
-    }
-}
-
-/// Why Redis could not decide.
-enum Failure {
-    Timeout,
-    Redis(RedisError),
-    Reply,
-}
-
-impl Failure {
-    /// The failure as a store error, keeping the `redis` crate's error as its
-    /// source.
-    fn into_error(self, retry_after: Duration) -> StoreError {
-        match self {
-            Failure::Timeout => StoreError::new(StoreErrorKind::Timeout, retry_after),
-            Failure::Redis(e) => StoreError::new(kind_of(&e), retry_after).with_source(e),
-            Failure::Reply => StoreError::new(StoreErrorKind::Script, retry_after)
-                .with_source("unexpected reply from the decision script"),
-        }
-    }
-}
-
-/// What kind of failure a `redis` crate error is.
-fn kind_of(e: &RedisError) -> StoreErrorKind {
-    if e.is_connection_refusal() {
-        return StoreErrorKind::ConnectionRefused;
-    }
-    if e.is_timeout() {
-        return StoreErrorKind::Timeout;
-    }
-    match e.code() {
-        Some("OOM") => return StoreErrorKind::OutOfMemory,
-        Some("NOAUTH" | "WRONGPASS") => return StoreErrorKind::Unauthorized,
-        _ => {}
-    }
-    match e.kind() {
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => StoreErrorKind::Connection,
-        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
-            StoreErrorKind::Unauthorized
-        }
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::TryAgain,
-        ) => StoreErrorKind::Unavailable,
-        ErrorKind::Server(
-            ServerErrorKind::ResponseError | ServerErrorKind::ExecAbort | ServerErrorKind::NoScript,
-        )
-        | ErrorKind::Parse
-        | ErrorKind::UnexpectedReturnType => StoreErrorKind::Script,
-        _ => StoreErrorKind::Other,
-    }
-}
-
 impl Inner {
     /// A decision that needs no round trip: a cost that can never pass, or a
     /// deny-cache hit.
@@ -1017,7 +997,7 @@ impl Inner {
         key
     }
 
-    /// Load both scripts, trying again while the connection fails, until
+    /// Load the script, trying again while the connection fails, until
     /// `timeout`.
     async fn load_scripts(&self, timeout: Duration) -> Result<(), StoreError> {
         let mut last_connection_error = None;
@@ -1025,10 +1005,7 @@ impl Inner {
             let mut pause = WARM_UP_MIN_PAUSE;
             loop {
                 let mut conn = self.conn.handle();
-                let loaded = async {
-                    self.check.load_async(&mut conn).await?;
-                    self.undo.load_async(&mut conn).await
-                };
+                let loaded = self.check.load_async(&mut conn);
                 match loaded.await {
                     Err(e) if e.is_io_error() => {
                         last_connection_error = Some(e);
@@ -1049,12 +1026,29 @@ impl Inner {
 
     /// One decision script in Redis, bounded by the timeout; failures are reported
     /// as they are (the failure policy is applied by the caller).
+    #[cfg(all(test, not(tsw_loom)))]
     async fn run_check(
         &self,
         user: &[u8],
         cost: u32,
         now_us: Option<u64>,
     ) -> Result<Decision, Failure> {
+        self.call(user, cost, now_us, None, None)
+            .await
+            .map(|answer| answer.decision)
+    }
+
+    /// One run of the script: a check of `cost` units (asking for a lease's
+    /// extra units too, with `lease`), with `back` units handed back at a
+    /// slot first, at `now_us` or Redis' time.
+    async fn call(
+        &self,
+        user: &[u8],
+        cost: u32,
+        now_us: Option<u64>,
+        lease: Option<LeaseArgs>,
+        back: Option<(u64, u32)>,
+    ) -> Result<Answer, Failure> {
         bump(&self.counters.round_trips);
         let mut invocation = self.check.prepare_invoke();
         invocation
@@ -1064,8 +1058,21 @@ impl Inner {
             .arg(self.width_us)
             .arg(cost)
             .arg(u8::from(self.interpolated));
-        if let Some(now_us) = now_us {
-            invocation.arg(now_us);
+        if now_us.is_some() || lease.is_some() || back.is_some() {
+            match now_us {
+                Some(now_us) => invocation.arg(now_us),
+                None => invocation.arg(""),
+            };
+        }
+        if lease.is_some() || back.is_some() {
+            let lease = lease.unwrap_or(LeaseArgs { rate: 0.0, have: 0 });
+            let share = self.leases.as_ref().map_or(1, LeaseTable::share);
+            // Units a second, to the millisecond unit: whole digits for Lua.
+            let rate = format!("{:.3}", lease.rate);
+            invocation.arg(rate).arg(lease.have).arg(share);
+        }
+        if let Some((slot, units)) = back {
+            invocation.arg(units).arg(slot);
         }
         let reply: Vec<i64> = self.invoke(&invocation).await?;
         self.parse(&reply, cost).ok_or(Failure::Reply)
@@ -1106,9 +1113,10 @@ impl Inner {
         }
     }
 
-    /// `{allowed, remaining, retry_after_us, reset_us, slot}` into a decision.
-    fn parse(&self, reply: &[i64], cost: u32) -> Option<Decision> {
-        let &[allowed, remaining, retry_us, reset_us, slot] = reply else {
+    /// `{allowed, remaining, retry_after_us, reset_us, slot, granted,
+    /// valid_us}` into an answer.
+    fn parse(&self, reply: &[i64], cost: u32) -> Option<Answer> {
+        let &[allowed, remaining, retry_us, reset_us, slot, granted, valid_us] = reply else {
             return None;
         };
         let micros = |v: i64| u64::try_from(v).ok().map(Duration::from_micros);
@@ -1128,28 +1136,55 @@ impl Inner {
         if outcome == Outcome::Allowed {
             d.cost = cost;
         }
-        Some(d)
+        Some(Answer {
+            decision: d,
+            granted: u32::try_from(granted).ok()?,
+            valid: micros(valid_us)?,
+        })
     }
 
-    /// A remote decision for a request: the script, the deny cache fed with its
-    /// denials, the circuit breaker told how it went (`probe`: this decision is
-    /// the half-open breaker's probe), and the failure policy applied to its
-    /// failures.
+    /// A remote decision for a request: the script (with a lease's part when
+    /// `ask` has one), the deny cache fed with its denials, the circuit
+    /// breaker told how it went (`probe`: this decision is the half-open
+    /// breaker's probe), and the failure policy applied to its failures.
     async fn decide(
         self: Arc<Self>,
         user: Vec<u8>,
         cost: u32,
         probe: bool,
+        ask: Option<(u64, Ask)>,
     ) -> Result<Decision, StoreError> {
         // Dropped with the future before Redis answers, it lets the next decision probe.
         let probe = probe
             .then(|| self.breaker.as_deref().map(Probe::new))
             .flatten();
+        // Likewise, it lets the next check of the key ask for a grant.
+        let fetch = ask
+            .filter(|(_, ask)| ask.rate > 0.0)
+            .and_then(|(hash, _)| Some(Fetch::new(self.leases.as_ref()?, &user, hash)));
         let sent = Instant::now();
         let generation = self.deny_cache.as_ref().map(|c| c.generation(&user));
-        match self.run_check(&user, cost, None).await {
-            Ok(decision) => {
+        let (lease, back) = match ask {
+            Some((_, ask)) => (
+                (ask.rate > 0.0).then_some(LeaseArgs {
+                    rate: ask.rate,
+                    have: ask.have,
+                }),
+                ask.back,
+            ),
+            None => (None, None),
+        };
+        match self.call(&user, cost, None, lease, back).await {
+            Ok(answer) => {
                 self.redis_answered(probe);
+                let mut decision = answer.decision;
+                if let (Some(()), Some((hash, _))) = (fetch.map(Fetch::done), ask) {
+                    let extra = answer.granted.saturating_sub(cost);
+                    let received = Instant::now();
+                    self.merged(&user, hash, &answer, extra, sent, received, false);
+                    // The units this instance now holds are this key's to use.
+                    decision.remaining = decision.remaining.saturating_add(extra);
+                }
                 self.metrics.decided(decision.is_allowed());
                 if let (Some(cache), Some(generation), Outcome::Denied) =
                     (&self.deny_cache, generation, decision.outcome())
@@ -1160,21 +1195,42 @@ impl Inner {
             }
             Err(failure) => {
                 let error = self.note_failure(failure, probe, sent);
-                self.apply_policy(error)
+                self.apply_policy(&user, cost, error)
             }
         }
     }
 
     /// The failure policy's answer to a decision Redis could not make.
-    fn apply_policy(&self, error: StoreError) -> Result<Decision, StoreError> {
-        self.metrics.failed(self.failure == FailurePolicy::Open);
-        match self.failure {
+    fn apply_policy(
+        &self,
+        user: &Vec<u8>,
+        cost: u32,
+        error: StoreError,
+    ) -> Result<Decision, StoreError> {
+        match &self.failure {
             FailurePolicy::Open => {
+                self.metrics.failed(true);
                 bump(&self.counters.failed_open);
                 Ok(Decision::allow_unchecked(self.limit))
             }
-            FailurePolicy::Closed => Err(error),
+            FailurePolicy::Closed => {
+                self.metrics.failed(false);
+                Err(error)
+            }
+            FailurePolicy::Fallback(_) => Ok(self.fallback_decision(user, cost)),
         }
+    }
+
+    /// A decision of the fallback limiter, its slot marked as such.
+    fn fallback_decision(&self, user: &Vec<u8>, cost: u32) -> Decision {
+        let Some(limiter) = &self.fallback else {
+            return Decision::allow_unchecked(self.limit);
+        };
+        let mut d = limiter.check_n(user, cost);
+        d.slot |= FALLBACK_SLOT;
+        bump(&self.counters.fallback_decisions);
+        self.metrics.fallback(d.is_allowed());
+        d
     }
 
     /// The open breaker's answer, at once: the failure policy applied to the
@@ -1183,17 +1239,20 @@ impl Inner {
     #[cold]
     fn breaker_answer(
         &self,
+        user: &Vec<u8>,
+        cost: u32,
         breaker: &Breaker,
         remaining: Duration,
     ) -> Result<Decision, StoreError> {
         bump(&breaker.answered);
-        self.metrics.failed(self.failure == FailurePolicy::Open);
-        match self.failure {
+        match &self.failure {
             FailurePolicy::Open => {
+                self.metrics.failed(true);
                 bump(&self.counters.failed_open);
                 Ok(Decision::allow_unchecked(self.limit))
             }
             FailurePolicy::Closed => {
+                self.metrics.failed(false);
                 let retry_after = self.closed_retry_after.max(remaining);
                 Err(match breaker.cause() {
                     Some(cause) => cause.with_retry_after(retry_after),
@@ -1201,6 +1260,7 @@ impl Inner {
                         .with_source("the Redis circuit breaker is open"),
                 })
             }
+            FailurePolicy::Fallback(_) => Ok(self.fallback_decision(user, cost)),
         }
     }
 
@@ -1271,6 +1331,262 @@ impl Inner {
         }
     }
 
+    /// Whether calls go to Redis now (no breaker, or a closed one).
+    fn redis_in_use(&self) -> bool {
+        self.breaker
+            .as_deref()
+            .is_none_or(|b| b.state() == BreakerState::Closed)
+    }
+
+    /// A check admitted from a lease, or (`Err`) what its call to Redis asks
+    /// for besides its cost: `None` without leases.
+    fn leased(self: &Arc<Self>, user: &[u8], cost: u32) -> Result<Decision, Option<(u64, Ask)>> {
+        let Some(table) = &self.leases else {
+            return Err(None);
+        };
+        if cost == 0 {
+            return Err(None);
+        }
+        let hash = table.hash(user);
+        match table.take(user, hash, cost, Instant::now()) {
+            Ok(leased) => Ok(self.lease_decision(user, hash, cost, leased)),
+            Err(ask) => Err(Some((hash, ask))),
+        }
+    }
+
+    /// A check admitted from a lease, if it can be: nothing done otherwise.
+    fn leased_now(self: &Arc<Self>, user: &[u8], cost: u32) -> Option<Decision> {
+        let table = self.leases.as_ref()?;
+        if cost == 0 {
+            return None;
+        }
+        let hash = table.hash(user);
+        let leased = table.take_held(user, hash, cost, Instant::now())?;
+        Some(self.lease_decision(user, hash, cost, leased))
+    }
+
+    /// The decision of a check admitted from a lease (and its refill started).
+    fn lease_decision(
+        self: &Arc<Self>,
+        user: &[u8],
+        hash: u64,
+        cost: u32,
+        leased: Leased,
+    ) -> Decision {
+        bump(&self.counters.lease_decisions);
+        self.metrics.lease_decision();
+        self.metrics.decided(true);
+        if let Some(rate) = leased.refill {
+            self.spawn_refill(user.to_vec(), hash, rate);
+        }
+        let mut d = Decision::from_parts(
+            Outcome::Allowed,
+            self.limit,
+            leased.remaining,
+            Duration::ZERO,
+            leased.reset,
+        );
+        d.slot = leased.slot;
+        d.cost = cost;
+        d
+    }
+
+    /// A check that will not go to Redis after all (the breaker answers it):
+    /// undo what [`leased`](Self::leased) set up for its call.
+    fn lease_not_asked(&self, user: &[u8], ask: Option<(u64, Ask)>) {
+        let (Some(table), Some((hash, ask))) = (&self.leases, ask) else {
+            return;
+        };
+        if ask.rate > 0.0 {
+            table.fetch_abandoned(user, hash);
+        }
+        if let Some((slot, units)) = ask.back {
+            // Still this instance's to use if the grant is in force.
+            table.give_back(user, slot, units, Instant::now());
+        }
+    }
+
+    /// Merge a reply that asked for a grant into the lease table, and start
+    /// what that leaves to do: hand-backs, a renewal task. The time to renew
+    /// the grant now held, if any.
+    #[allow(clippy::too_many_arguments)]
+    fn merged(
+        self: &Arc<Self>,
+        user: &[u8],
+        hash: u64,
+        answer: &Answer,
+        extra: u32,
+        sent: Instant,
+        received: Instant,
+        ticker: bool,
+    ) -> Option<Instant> {
+        let table = self.leases.as_ref()?;
+        let reply = Reply {
+            slot: answer.decision.slot,
+            extra,
+            valid: answer.valid,
+            sent,
+            received,
+            remaining: answer.decision.remaining,
+            reset: answer.decision.reset(),
+        };
+        if extra > 0 {
+            bump(&self.counters.lease_grants);
+            self.counters
+                .lease_units_granted
+                .fetch_add(u64::from(extra), Relaxed);
+            self.metrics.lease_granted(extra);
+        }
+        let merged = table.granted(user, hash, reply, ticker);
+        for (slot, units) in merged.back {
+            self.spawn_hand_back(user.to_vec(), slot, units);
+        }
+        if let Some(at) = merged.tick {
+            self.spawn_renewals(user.to_vec(), hash, at);
+        }
+        merged.renew_at
+    }
+
+    /// Fetch more units of a key whose grant runs low, in the background.
+    fn spawn_refill(self: &Arc<Self>, user: Vec<u8>, hash: u64, rate: f64) {
+        let Some(table) = &self.leases else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            table.fetch_abandoned(&user, hash);
+            return;
+        };
+        let inner = self.clone();
+        runtime.spawn(async move {
+            let Some(table) = &inner.leases else { return };
+            if !inner.redis_in_use() {
+                table.fetch_abandoned(&user, hash);
+                return;
+            }
+            let fetch = Fetch::new(table, &user, hash);
+            let have = table.have(&user, hash, Instant::now());
+            let sent = Instant::now();
+            let lease = LeaseArgs { rate, have };
+            match inner.call(&user, 0, None, Some(lease), None).await {
+                Ok(answer) => {
+                    inner.redis_answered(None);
+                    fetch.done();
+                    let received = Instant::now();
+                    let extra = answer.granted;
+                    inner.merged(&user, hash, &answer, extra, sent, received, false);
+                }
+                Err(failure) => {
+                    inner.note_failure(failure, None, sent);
+                }
+            }
+        });
+    }
+
+    /// The task that follows a key's grants: when a grant's bucket has ended,
+    /// it hands back what is left and, while the key stays busy here, fetches
+    /// the next bucket's grant in the same call, so that a steady hot key
+    /// never waits for one.
+    fn spawn_renewals(self: &Arc<Self>, user: Vec<u8>, hash: u64, at: Instant) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = self.clone();
+        runtime.spawn(async move {
+            let Some(table) = &inner.leases else { return };
+            let mut at = at;
+            loop {
+                tokio::time::sleep_until(at.into()).await;
+                match table.tick(&user, hash, Instant::now()) {
+                    Tick::Wait(next) => at = next,
+                    Tick::End { back } => {
+                        if let Some((slot, units)) = back {
+                            inner.hand_back(&user, slot, units).await;
+                        }
+                        return;
+                    }
+                    Tick::Renew { back, rate } => {
+                        let fetch = Fetch::new(table, &user, hash);
+                        if !inner.redis_in_use() {
+                            table.renewal_failed(&user, hash);
+                            return;
+                        }
+                        let sent = Instant::now();
+                        let lease = LeaseArgs { rate, have: 0 };
+                        match inner.call(&user, 0, None, Some(lease), back).await {
+                            Ok(answer) => {
+                                inner.redis_answered(None);
+                                fetch.done();
+                                if let Some((_, units)) = back {
+                                    inner.handed_back(&user, units);
+                                }
+                                let received = Instant::now();
+                                let extra = answer.granted;
+                                match inner
+                                    .merged(&user, hash, &answer, extra, sent, received, true)
+                                {
+                                    Some(next) => at = next,
+                                    None => return,
+                                }
+                            }
+                            Err(failure) => {
+                                inner.note_failure(failure, None, sent);
+                                table.renewal_failed(&user, hash);
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Hand `units` counted at `slot` back to Redis, in the background.
+    fn spawn_hand_back(self: &Arc<Self>, user: Vec<u8>, slot: u64, units: u32) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = self.clone();
+        runtime.spawn(async move { inner.hand_back(&user, slot, units).await });
+    }
+
+    /// Hand a lease's unused `units` counted at `slot` back to Redis.
+    async fn hand_back(&self, user: &[u8], slot: u64, units: u32) {
+        if !self.redis_in_use() {
+            return;
+        }
+        let sent = Instant::now();
+        match self.call(user, 0, None, None, Some((slot, units))).await {
+            Ok(_) => {
+                self.redis_answered(None);
+                self.handed_back(user, units);
+            }
+            Err(failure) => {
+                self.note_failure(failure, None, sent);
+            }
+        }
+    }
+
+    /// Units of `user` handed back in Redis: count them, and drop a denial
+    /// of the key this instance may have cached meanwhile.
+    fn handed_back(&self, user: &[u8], units: u32) {
+        self.counters
+            .lease_units_handed_back
+            .fetch_add(u64::from(units), Relaxed);
+        self.metrics.lease_handed_back(units);
+        if let Some(cache) = &self.deny_cache {
+            cache.remove(user);
+        }
+    }
+
+    /// Stop leasing and hand back every unit held, concurrently.
+    async fn close_leases(self: &Arc<Self>) {
+        let Some(table) = &self.leases else { return };
+        let mut hand_backs = tokio::task::JoinSet::new();
+        for (user, slot, units) in table.close() {
+            let inner = self.clone();
+            hand_backs.spawn(async move { inner.hand_back(&user, slot, units).await });
+        }
+        while hand_backs.join_next().await.is_some() {}
+    }
+
     /// What an undo of `decision` gives back (nothing unless it counted units), after
     /// dropping the key from the local deny cache.
     fn undo_target<K: RedisKey + ?Sized>(
@@ -1283,23 +1599,32 @@ impl Inner {
         }
         let mut user = Vec::new();
         key.write_redis_key(&mut user);
+        if decision.slot & FALLBACK_SLOT != 0 {
+            // Decided by the fallback limiter: undone there.
+            if let Some(limiter) = &self.fallback {
+                let mut local = *decision;
+                local.slot &= !FALLBACK_SLOT;
+                limiter.undo(&user, &local);
+            }
+            return None;
+        }
         if let Some(cache) = &self.deny_cache {
             cache.remove(&user);
+        }
+        // Back into this instance's grant while it is in force.
+        if let Some(table) = &self.leases {
+            if table.give_back(&user, decision.slot, decision.cost, Instant::now()) {
+                return None;
+            }
         }
         Some((user, decision.slot, decision.cost))
     }
 
-    async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32) {
+    /// Give `cost` units back at `slot` (at `now_us` or Redis' time).
+    async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32, now_us: Option<u64>) {
         bump(&self.counters.undos);
-        let mut invocation = self.undo.prepare_invoke();
-        invocation
-            .key(self.full_key(&user))
-            .arg(slot)
-            .arg(cost)
-            .arg(self.width_us)
-            .arg(self.buckets);
         let sent = Instant::now();
-        match self.invoke::<i64>(&invocation).await {
+        match self.call(&user, 0, now_us, None, Some((slot, cost))).await {
             Ok(_) => self.redis_answered(None),
             Err(failure) => {
                 self.note_failure(failure, None, sent);
@@ -1309,6 +1634,38 @@ impl Inner {
         // cached meanwhile: the units are back now, so forget it again.
         if let Some(cache) = &self.deny_cache {
             cache.remove(&user);
+        }
+    }
+}
+
+/// A request for a key's grant in flight: dropped before its reply was
+/// merged (the request went away, or it failed), it lets the next check of
+/// the key ask again.
+struct Fetch<'a> {
+    table: Option<&'a LeaseTable>,
+    user: &'a [u8],
+    hash: u64,
+}
+
+impl<'a> Fetch<'a> {
+    fn new(table: &'a LeaseTable, user: &'a [u8], hash: u64) -> Fetch<'a> {
+        Fetch {
+            table: Some(table),
+            user,
+            hash,
+        }
+    }
+
+    /// The reply is about to be merged (which ends the fetch).
+    fn done(mut self) {
+        self.table = None;
+    }
+}
+
+impl Drop for Fetch<'_> {
+    fn drop(&mut self) {
+        if let Some(table) = self.table {
+            table.fetch_abandoned(self.user, self.hash);
         }
     }
 }
@@ -1324,6 +1681,10 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         if let Some(d) = inner.local_answer(&user, cost) {
             return RedisFuture::ready(Ok(d));
         }
+        let ask = match inner.leased(&user, cost) {
+            Ok(d) => return RedisFuture::ready(Ok(d)),
+            Err(ask) => ask,
+        };
         let probe = match inner.breaker.as_deref().map(|b| (b, b.admit(true))) {
             None | Some((_, Admit::Ask)) => false,
             Some((_, Admit::Probe)) => {
@@ -1331,48 +1692,49 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
                 true
             }
             Some((breaker, Admit::Refuse { remaining })) => {
-                return RedisFuture::ready(inner.breaker_answer(breaker, remaining));
+                inner.lease_not_asked(&user, ask);
+                return RedisFuture::ready(inner.breaker_answer(&user, cost, breaker, remaining));
             }
         };
         RedisFuture {
-            state: State::Remote(Box::pin(inner.clone().decide(user, cost, probe))),
+            state: State::Remote(Box::pin(inner.clone().decide(user, cost, probe, ask))),
         }
     }
 
     /// Answers without Redis when it can: a cost above the limit, a key the
-    /// deny cache knows is over its limit, or any key while the circuit
-    /// breaker is open (per the failure policy). `None` otherwise (nothing
-    /// counted).
+    /// deny cache knows is over its limit, units of a lease, or any key while
+    /// the circuit breaker is open (per the failure policy). `None` otherwise
+    /// (nothing counted).
     fn check_now(&self, key: &K, cost: u32) -> Option<Result<Decision, StoreError>> {
         let inner = &self.inner;
         let mut user = Vec::new();
         key.write_redis_key(&mut user);
         let answer = match inner.local_answer(&user, cost) {
             Some(d) => Ok(d),
-            None => match inner.breaker.as_deref().map(|b| (b, b.admit(false))) {
-                Some((breaker, Admit::Refuse { remaining })) => {
-                    inner.breaker_answer(breaker, remaining)
-                }
-                _ => return None,
+            None => match inner.leased_now(&user, cost) {
+                Some(d) => Ok(d),
+                None => match inner.breaker.as_deref().map(|b| (b, b.admit(false))) {
+                    Some((breaker, Admit::Refuse { remaining })) => {
+                        inner.breaker_answer(&user, cost, breaker, remaining)
+                    }
+                    _ => return None,
+                },
             },
         };
         bump(&inner.counters.decisions);
         Some(answer)
     }
 
-    /// Give the units back in Redis, in a background task (fire and forget),
-    /// and drop the key from the local deny cache. While the circuit breaker is
-    /// not closed the units stay counted (the safe side).
+    /// Give the units back: into this instance's grant while it is in force,
+    /// into the fallback limiter for its decisions, else in Redis, in a
+    /// background task (fire and forget), dropping the key from the local deny
+    /// cache. While the circuit breaker is not closed the units stay counted
+    /// in Redis (the safe side).
     fn undo(&self, key: &K, decision: &Decision) {
         let Some((user, slot, cost)) = self.inner.undo_target(key, decision) else {
             return;
         };
-        if self
-            .inner
-            .breaker
-            .as_ref()
-            .is_some_and(|b| b.state() != BreakerState::Closed)
-        {
+        if !self.inner.redis_in_use() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -1380,7 +1742,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
             return;
         };
         let inner = self.inner.clone();
-        runtime.spawn(async move { inner.run_undo(user, slot, cost).await });
+        runtime.spawn(async move { inner.run_undo(user, slot, cost, None).await });
     }
 
     fn policy(&self) -> &Policy {
@@ -1392,7 +1754,6 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         RedisStore::reconfigured(self, policy)
     }
 }
-
 type RemoteDecision = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
 /// A [`RedisStore`] decision in flight: ready at once when answered locally (a

@@ -80,16 +80,16 @@ async fn undo_gives_units_back_and_clears_the_deny_cache() {
     // own, so the slot it gives back to holds the units being undone.
     let fresh = s.check_n(&"fresh", 1).await.unwrap();
     assert!(fresh.is_allowed());
-    let (key, field) = (s.redis_key(&"fresh"), fresh.recorded_slot().to_string());
-    let counted: Option<String> = conn.hget(&key, &field).await.unwrap();
-    assert_eq!(counted.as_deref(), Some("1"));
+    let (key, slot) = (s.redis_key(&"fresh"), fresh.recorded_slot());
+    let counted = PackedKey::read(&mut conn, &key).await.unwrap();
+    assert_eq!(counted.at(slot), Some(1));
     let before = s.stats().undos;
     Store::undo(&s, &"fresh", &fresh);
-    // Bounded wait until Redis has applied it (the script deletes the emptied field).
+    // Bounded wait until Redis has applied it (the script deletes a key left
+    // with no units).
     let mut applied = false;
     for _ in 0..400 {
-        let v: Option<String> = conn.hget(&key, &field).await.unwrap();
-        if v.is_none() {
+        if PackedKey::read(&mut conn, &key).await.is_none() {
             applied = true;
             break;
         }
@@ -164,7 +164,7 @@ async fn compare_with_the_ring(test: &str, precision: Precision, trace: Trace) {
         // Give some admissions back on both sides.
         if mem.is_allowed() && rng.below(10) == 0 {
             limiter.undo(&key, &mem);
-            redis.undo_now(&key, &red).await;
+            redis.undo_at(&key, &red, now).await;
         }
         allowed += mem.is_allowed() as u32;
     }
@@ -265,7 +265,7 @@ async fn a_fire_and_forget_undo_leaves_no_denial_in_the_deny_cache() {
     let key = s.redis_key(&"k");
     let first = s.check_n(&"k", 2).await.unwrap();
     assert!(first.is_allowed());
-    let field = first.recorded_slot().to_string();
+    let slot = first.recorded_slot();
     // The layer gives the units back (another policy denied the request, as
     // `Store::undo` does: fire and forget) and the client retries at once: this
     // check may reach Redis before the undo does, and be denied then.
@@ -280,8 +280,10 @@ async fn a_fire_and_forget_undo_leaves_no_denial_in_the_deny_cache() {
     // may be cached after it: the cache is empty.
     let mut done = false;
     for _ in 0..400 {
-        let v: Option<String> = conn.hget(&key, &field).await.unwrap();
-        if v.as_deref() != Some("2") && s.stats().deny_cache_len == 0 {
+        let v = PackedKey::read(&mut conn, &key)
+            .await
+            .and_then(|k| k.at(slot));
+        if v != Some(2) && s.stats().deny_cache_len == 0 {
             done = true;
             break;
         }

@@ -258,6 +258,66 @@ impl Drop for RedisServer {
     }
 }
 
+/// A key of the Redis store as its script packs it: a header `<BdI4dd`
+/// (format 1, bucket width in µs, bucket count, newest slot entered, slot of
+/// the last conversion or -1), then one record `<dI4` (slot, units) per slot
+/// holding units, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedKey {
+    pub width_us: u64,
+    pub buckets: u32,
+    pub newest: u64,
+    pub converted: Option<u64>,
+    pub slots: Vec<(u64, u32)>,
+}
+
+impl PackedKey {
+    pub fn unpack(bytes: &[u8]) -> PackedKey {
+        let f64_at = |i: usize| f64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
+        assert_eq!(bytes[0], 1, "format 1: {bytes:?}");
+        assert_eq!((bytes.len() - 29) % 12, 0, "whole records: {bytes:?}");
+        let converted = f64_at(21);
+        PackedKey {
+            width_us: f64_at(1) as u64,
+            buckets: u32_at(9),
+            newest: f64_at(13) as u64,
+            converted: (converted >= 0.0).then_some(converted as u64),
+            slots: (29..bytes.len())
+                .step_by(12)
+                .map(|i| (f64_at(i) as u64, u32_at(i + 8)))
+                .collect(),
+        }
+    }
+
+    /// Every unit counted, whatever its slot.
+    pub fn units(&self) -> u64 {
+        self.slots.iter().map(|&(_, c)| u64::from(c)).sum()
+    }
+
+    /// The units counted at `slot`.
+    pub fn at(&self, slot: u64) -> Option<u32> {
+        self.slots
+            .iter()
+            .find(|&&(s, _)| s == slot)
+            .map(|&(_, c)| c)
+    }
+
+    /// `key` as it is in Redis now (`None`: no such key).
+    pub async fn read(
+        conn: &mut redis::aio::MultiplexedConnection,
+        key: &[u8],
+    ) -> Option<PackedKey> {
+        let bytes: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(conn).await.unwrap();
+        bytes.map(|b| PackedKey::unpack(&b))
+    }
+
+    /// The units `key` holds now (0 for no key).
+    pub async fn units_of(conn: &mut redis::aio::MultiplexedConnection, key: &[u8]) -> u64 {
+        PackedKey::read(conn, key).await.map_or(0, |k| k.units())
+    }
+}
+
 /// One admitted check: the slot it was recorded in and its cost.
 #[derive(Debug, Clone, Copy)]
 pub struct Admitted {

@@ -1,0 +1,673 @@
+//! Leases: units of a key that Redis counted for this instance ahead of use,
+//! admitted here without a round trip until the bucket they were counted in
+//! ends.
+//!
+//! # Why the fleet still never admits more than the limit
+//!
+//! The script counts a grant's units in the slot holding Redis' time `r` and
+//! answers how long that slot lasts, `v = end - r`. The instance admits from
+//! the grant only before `sent + v − v/1000`, where `sent` is when it sent
+//! the request: Redis ran the script after that, so on Redis' clock the
+//! instance stops before the slot ends (as long as the two clocks run at the
+//! same rate to within 0.1% over one bucket). Every unit admitted from a grant
+//! is therefore counted in Redis in the slot that holds its admission, like a
+//! unit Redis admits itself, and the strict check every grant passed bounds
+//! every window of the fleet. Units handed back were never admitted: lowering
+//! their slot's count (even after the slot ended) keeps every slot's count at
+//! or above what it admitted.
+//!
+//! # The table
+//!
+//! One entry per hash bucket of the key, found by the key's hash: bounded, no
+//! sweep, no growth. An entry that holds units, or that a renewal task or a
+//! request in flight will come back to, stays; any other is taken over by the
+//! next key that hashes there (that key just keeps asking Redis, as a key with
+//! no lease does). An entry keeps the key's bytes only while it holds a grant;
+//! its rate is followed by hash alone.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How a [`RedisStore`](super::RedisStore) leases units to this instance, given
+/// to [`RedisStoreBuilder::leases`](super::RedisStoreBuilder::leases).
+///
+/// With leases, a check that goes to Redis may ask for more units than its
+/// cost: as many as this instance expects to use of the key until the bucket
+/// ends (its recent rate here, times the time left in the bucket), never more
+/// than [`1/share`](Leases::share) of what the window has left, and none when
+/// that is less than one unit (near the limit a check asks for its cost only,
+/// as without leases). The units left are admitted here, one check after the
+/// other, without a round trip; before they run out the next grant is fetched
+/// in the background; what is left when the bucket ends is handed back.
+/// [`RedisStore`](super::RedisStore) states the guarantee.
+///
+/// ```
+/// use tower_sliding_window::redis::Leases;
+///
+/// let leases = Leases::new().with_share(8).with_keys(1 << 16);
+/// assert_eq!((leases.share(), leases.keys()), (8, 65_536));
+/// assert_eq!(Leases::default().share(), Leases::DEFAULT_SHARE);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leases {
+    share: u32,
+    keys: usize,
+}
+
+impl Leases {
+    /// A grant takes at most a quarter of what the window has left by default.
+    pub const DEFAULT_SHARE: u32 = 4;
+    /// Keys followed at once by default.
+    pub const DEFAULT_KEYS: usize = 4096;
+
+    /// The default settings.
+    pub const fn new() -> Leases {
+        Leases {
+            share: Leases::DEFAULT_SHARE,
+            keys: Leases::DEFAULT_KEYS,
+        }
+    }
+
+    /// A grant takes at most `1/share` of what the window has left after the
+    /// check's own cost (default 4), so that one instance cannot take what the
+    /// others need; 1 lets one grant take all of it.
+    /// [`build`](super::RedisStoreBuilder::build) rejects 0.
+    pub const fn with_share(mut self, share: u32) -> Leases {
+        self.share = share;
+        self
+    }
+
+    /// See [`with_share`](Leases::with_share).
+    pub const fn share(&self) -> u32 {
+        self.share
+    }
+
+    /// How many keys this instance follows at once (default 4096, rounded up
+    /// to a power of two): each takes an entry of about 100 bytes, and the key's
+    /// bytes while it holds units. Keys that meet in an entry take turns.
+    /// [`build`](super::RedisStoreBuilder::build) rejects 0.
+    pub const fn with_keys(mut self, keys: usize) -> Leases {
+        self.keys = keys;
+        self
+    }
+
+    /// See [`with_keys`](Leases::with_keys).
+    pub const fn keys(&self) -> usize {
+        self.keys
+    }
+}
+
+impl Default for Leases {
+    fn default() -> Leases {
+        Leases::new()
+    }
+}
+
+/// A grant is asked for only when this instance expects to use at least this
+/// many units of the key in a bucket: a smaller one would save less than the
+/// round trip its hand-back may cost.
+const MIN_EXPECTED: f64 = 2.0;
+/// The instance stops admitting from a grant this share of its time early, for
+/// clocks that drift apart: a bucket of 4 s ends 4 ms early here.
+const DRIFT: u32 = 1000;
+/// A grant is renewed this long after its slot has ended on Redis' clock (at
+/// the latest: the reply came after the script ran), so that the renewal
+/// lands in the next slot. Timers fire to the millisecond.
+const RENEW_GUARD: Duration = Duration::from_millis(1);
+
+/// The units of one grant this instance still holds.
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    slot: u64,
+    left: u32,
+    /// Admissions from the grant happen before this.
+    expires: Instant,
+    /// When its slot has ended in Redis: renew then.
+    renew_at: Instant,
+    /// What Redis had left after counting the grant, and when the key's
+    /// window drains, for the decisions' headers.
+    remaining: u32,
+    reset_at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    hash: u64,
+    /// The key, while the entry holds a grant or a task follows it.
+    key: Option<Box<[u8]>>,
+    grant: Option<Grant>,
+    /// Units asked of this key here since `period_start`, and the rate of the
+    /// period before (units a second).
+    period_start: Option<Instant>,
+    period_units: u64,
+    prev_rate: f64,
+    /// The last check of the key here.
+    last_seen: Option<Instant>,
+    /// A request for units is in flight (its reply will come back here).
+    fetching: bool,
+    /// A task renews the grant (or hands it back) when its slot ends.
+    ticking: bool,
+}
+
+impl Entry {
+    fn fresh(hash: u64) -> Entry {
+        Entry {
+            hash,
+            ..Entry::default()
+        }
+    }
+
+    fn is(&self, hash: u64, key: &[u8]) -> bool {
+        self.hash == hash && self.key.as_deref().is_none_or(|k| k == key)
+    }
+
+    /// Whether another key may take the entry over.
+    fn is_free(&self) -> bool {
+        !self.fetching && !self.ticking && self.grant.is_none_or(|g| g.left == 0)
+    }
+
+    /// This key's rate here, in units a second: the greater of the last
+    /// period's and the current one's, over at least `floor`.
+    fn rate(&self, now: Instant, floor: Duration) -> f64 {
+        let since = self.period_start.unwrap_or(now);
+        let span = now.saturating_duration_since(since).max(floor);
+        (self.period_units as f64 / span.as_secs_f64()).max(self.prev_rate)
+    }
+
+    fn roll(&mut self, now: Instant, floor: Duration) {
+        let since = self.period_start.unwrap_or(now);
+        let span = now.saturating_duration_since(since).max(floor);
+        self.prev_rate = self.period_units as f64 / span.as_secs_f64();
+        self.period_start = Some(now);
+        self.period_units = 0;
+    }
+
+    /// The grant's units, taken away, if it has any.
+    fn take_left(&mut self) -> Option<(u64, u32)> {
+        let g = self.grant.as_mut()?;
+        let left = std::mem::take(&mut g.left);
+        (left > 0).then_some((g.slot, left))
+    }
+}
+
+/// A check answered from a grant.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    pub(crate) slot: u64,
+    /// Units the fleet had left at the grant, and this instance's rest of it.
+    pub(crate) remaining: u32,
+    pub(crate) reset: Duration,
+    /// Fetch more in the background, at this rate.
+    pub(crate) refill: Option<f64>,
+}
+
+/// What a check that goes to Redis asks for besides its cost.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ask {
+    /// Units a second this instance expects of the key (0: no grant).
+    pub(crate) rate: f64,
+    /// Units it still holds in a grant of the current slot.
+    pub(crate) have: u32,
+    /// Units handed back in the same call, and their slot.
+    pub(crate) back: Option<(u64, u32)>,
+}
+
+/// A grant Redis answered, to be merged into the table.
+pub(crate) struct Reply {
+    pub(crate) slot: u64,
+    /// Units beyond the check's cost.
+    pub(crate) extra: u32,
+    /// How long the slot lasted when the script ran.
+    pub(crate) valid: Duration,
+    pub(crate) sent: Instant,
+    pub(crate) received: Instant,
+    pub(crate) remaining: u32,
+    pub(crate) reset: Duration,
+}
+
+/// What the merge of a reply leaves to do.
+#[derive(Debug, Default)]
+pub(crate) struct Merged {
+    /// Units this instance cannot hold (or no longer can use): hand them back.
+    pub(crate) back: Vec<(u64, u32)>,
+    /// Start a task that renews the grant at this time.
+    pub(crate) tick: Option<Instant>,
+    /// The grant the entry now holds is renewed then (`None`: none held).
+    pub(crate) renew_at: Option<Instant>,
+}
+
+/// What the renewal task does when its time comes.
+pub(crate) enum Tick {
+    /// A newer grant came meanwhile: wait until it ends.
+    Wait(Instant),
+    /// Ask for the next slot's grant, handing back the last one's leftovers
+    /// (the key was busy in the last bucket and still is).
+    Renew { back: Option<(u64, u32)>, rate: f64 },
+    /// The key went quiet (or leases were closed): hand back and stop.
+    End { back: Option<(u64, u32)> },
+}
+
+pub(crate) struct LeaseTable {
+    entries: Box<[Mutex<Entry>]>,
+    hasher: foldhash::fast::RandomState,
+    share: u32,
+    width: Duration,
+    /// The shortest span a rate is measured over: a sixteenth of a bucket (at
+    /// most 1 s), so that two requests close together are no flood.
+    floor: Duration,
+    open: AtomicBool,
+}
+
+impl LeaseTable {
+    pub(crate) fn new(settings: Leases, width: Duration) -> LeaseTable {
+        let size = settings.keys.max(1).next_power_of_two();
+        LeaseTable {
+            entries: (0..size).map(|_| Mutex::default()).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            share: settings.share.max(1),
+            width,
+            floor: (width / 16).min(Duration::from_secs(1)),
+            open: AtomicBool::new(true),
+        }
+    }
+
+    pub(crate) fn share(&self) -> u32 {
+        self.share
+    }
+
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn entry(&self, hash: u64) -> MutexGuard<'_, Entry> {
+        let i = hash as usize & (self.entries.len() - 1);
+        self.entries[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether grants of `rate` are worth asking for.
+    fn worth(&self, rate: f64) -> bool {
+        self.open.load(Relaxed) && rate * self.width.as_secs_f64() >= MIN_EXPECTED
+    }
+
+    /// A check of `cost` units of `key` at `now`: admitted from a grant, or
+    /// what to ask Redis for.
+    pub(crate) fn take(
+        &self,
+        key: &[u8],
+        hash: u64,
+        cost: u32,
+        now: Instant,
+    ) -> Result<Leased, Ask> {
+        let mut e = self.entry(hash);
+        if !e.is(hash, key) {
+            if !e.is_free() {
+                return Err(Ask::default());
+            }
+            *e = Entry::fresh(hash);
+        }
+        self.keep_period(&mut e, now);
+        // The rate before this check: a first check is no sign of a busy key.
+        let rate = e.rate(now, self.floor);
+        e.period_units += u64::from(cost);
+        e.last_seen = Some(now);
+        if let Some(leased) = self.admit(&mut e, cost, rate, now) {
+            return Ok(leased);
+        }
+        // Not enough left for this check: the rest goes back in its call.
+        let back = e.take_left();
+        let lease = !e.fetching && self.worth(rate);
+        e.fetching |= lease;
+        Err(Ask {
+            rate: if lease { rate } else { 0.0 },
+            have: 0,
+            back,
+        })
+    }
+
+    /// [`take`](Self::take) for a caller that cannot wait for Redis: admitted
+    /// from a grant, or nothing done (its `take` follows).
+    pub(crate) fn take_held(
+        &self,
+        key: &[u8],
+        hash: u64,
+        cost: u32,
+        now: Instant,
+    ) -> Option<Leased> {
+        let mut e = self.entry(hash);
+        if !e.is(hash, key) {
+            return None;
+        }
+        e.grant.filter(|g| now < g.expires && g.left >= cost)?;
+        self.keep_period(&mut e, now);
+        let rate = e.rate(now, self.floor);
+        e.period_units += u64::from(cost);
+        e.last_seen = Some(now);
+        self.admit(&mut e, cost, rate, now)
+    }
+
+    /// Start the entry's rate period, or a new one once it is a bucket old
+    /// (so that a key long quiet and now busy is seen within a bucket).
+    fn keep_period(&self, e: &mut Entry, now: Instant) {
+        match e.period_start {
+            None => e.period_start = Some(now),
+            Some(since) if now.saturating_duration_since(since) >= self.width => {
+                e.roll(now, self.floor)
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// `cost` units from the entry's grant, if it is in force and holds them.
+    fn admit(&self, e: &mut Entry, cost: u32, rate: f64, now: Instant) -> Option<Leased> {
+        let g = e
+            .grant
+            .as_mut()
+            .filter(|g| now < g.expires && g.left >= cost)?;
+        g.left -= cost;
+        let (slot, left, expires) = (g.slot, g.left, g.expires);
+        let remaining = g.remaining.saturating_add(left);
+        let reset = g.reset_at.saturating_duration_since(now);
+        let need = rate * expires.saturating_duration_since(now).as_secs_f64();
+        let refill = !e.fetching && f64::from(left) < need / 2.0 && self.worth(rate);
+        e.fetching |= refill;
+        Some(Leased {
+            slot,
+            remaining,
+            reset,
+            refill: refill.then_some(rate),
+        })
+    }
+
+    /// The units a background refill of `key` may still count on.
+    pub(crate) fn have(&self, key: &[u8], hash: u64, now: Instant) -> u32 {
+        let e = self.entry(hash);
+        match &e.grant {
+            Some(g) if e.is(hash, key) && now < g.expires => g.left,
+            _ => 0,
+        }
+    }
+
+    /// A request that set `fetching` ended without a reply to merge.
+    pub(crate) fn fetch_abandoned(&self, key: &[u8], hash: u64) {
+        let mut e = self.entry(hash);
+        if e.is(hash, key) {
+            e.fetching = false;
+        }
+    }
+
+    /// Merge Redis' answer to a request that asked for a grant (`fetching` was
+    /// set for it). `ticker`: the renewal task's own request.
+    pub(crate) fn granted(&self, key: &[u8], hash: u64, reply: Reply, ticker: bool) -> Merged {
+        let mut merged = Merged::default();
+        let mut e = self.entry(hash);
+        if e.is(hash, key) {
+            e.fetching = false;
+        } else if reply.extra > 0 && e.is_free() {
+            *e = Entry::fresh(hash);
+        } else {
+            if reply.extra > 0 {
+                merged.back.push((reply.slot, reply.extra));
+            }
+            return merged;
+        }
+        if reply.extra > 0 && !self.open.load(Relaxed) {
+            merged.back.push((reply.slot, reply.extra));
+        } else if reply.extra > 0 {
+            let early = reply.valid / DRIFT;
+            let grant = Grant {
+                slot: reply.slot,
+                left: reply.extra,
+                expires: reply.sent + reply.valid - early,
+                renew_at: reply.received + reply.valid + RENEW_GUARD,
+                remaining: reply.remaining,
+                reset_at: reply.sent + reply.reset,
+            };
+            match e.grant.as_mut() {
+                Some(g) if g.slot == grant.slot => {
+                    g.left += grant.left;
+                    g.expires = g.expires.max(grant.expires);
+                    g.renew_at = g.renew_at.max(grant.renew_at);
+                    g.remaining = grant.remaining;
+                    g.reset_at = grant.reset_at;
+                }
+                Some(g) if g.slot > grant.slot => merged.back.push((grant.slot, grant.left)),
+                _ => {
+                    merged.back.extend(e.take_left());
+                    e.grant = Some(grant);
+                }
+            }
+            if e.key.is_none() {
+                e.key = Some(key.into());
+            }
+        }
+        merged.renew_at = e.grant.as_ref().filter(|g| g.left > 0).map(|g| g.renew_at);
+        if ticker {
+            e.ticking = merged.renew_at.is_some();
+        } else if !e.ticking && merged.renew_at.is_some() {
+            e.ticking = true;
+            merged.tick = merged.renew_at;
+        }
+        merged
+    }
+
+    /// The renewal task's turn, at `now`.
+    pub(crate) fn tick(&self, key: &[u8], hash: u64, now: Instant) -> Tick {
+        let mut e = self.entry(hash);
+        if !e.is(hash, key) {
+            return Tick::End { back: None };
+        }
+        if let Some(g) = &e.grant {
+            if now < g.renew_at && self.open.load(Relaxed) {
+                return Tick::Wait(g.renew_at);
+            }
+        }
+        let back = e.take_left();
+        e.grant = None;
+        e.roll(now, self.floor);
+        let rate = e.prev_rate;
+        // Busy in the last bucket, and still: checked within three of its
+        // intervals (a key gone quiet is not renewed on its past rate).
+        let quiet_for = e
+            .last_seen
+            .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+        let recent = quiet_for.as_secs_f64() * rate < 3.0 || quiet_for < self.floor;
+        if !e.fetching && recent && self.worth(rate) {
+            e.fetching = true;
+            return Tick::Renew { back, rate };
+        }
+        e.ticking = false;
+        e.key = None;
+        Tick::End { back }
+    }
+
+    /// The renewal task could not ask Redis (it failed, or the breaker is
+    /// open): it ends, and the next grant comes from a check's own call.
+    pub(crate) fn renewal_failed(&self, key: &[u8], hash: u64) {
+        let mut e = self.entry(hash);
+        if e.is(hash, key) {
+            e.fetching = false;
+            e.ticking = false;
+        }
+    }
+
+    /// An admitted decision of `slot` undone: its units go back into the
+    /// grant if it is still the one in force.
+    pub(crate) fn give_back(&self, key: &[u8], slot: u64, cost: u32, now: Instant) -> bool {
+        let hash = self.hash(key);
+        let mut e = self.entry(hash);
+        if e.key.as_deref() != Some(key) {
+            return false;
+        }
+        match e.grant.as_mut() {
+            Some(g) if g.slot == slot && now < g.expires => {
+                g.left += cost;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// No more grants: take every unit held, to be handed back.
+    pub(crate) fn close(&self) -> Vec<(Box<[u8]>, u64, u32)> {
+        self.open.store(false, Relaxed);
+        let mut out = Vec::new();
+        for entry in self.entries.iter() {
+            let mut e = entry.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((slot, left)) = e.take_left() {
+                if let Some(key) = e.key.clone() {
+                    out.push((key, slot, left));
+                }
+            }
+        }
+        out
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> LeaseTable {
+        LeaseTable::new(Leases::new().with_keys(8), Duration::from_secs(4))
+    }
+
+    fn reply(slot: u64, extra: u32, sent: Instant) -> Reply {
+        Reply {
+            slot,
+            extra,
+            valid: Duration::from_secs(2),
+            sent,
+            received: sent + Duration::from_millis(1),
+            remaining: 100,
+            reset: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn a_first_check_asks_for_its_cost_only_then_a_busy_key_asks_for_a_grant() {
+        let t = table();
+        let t0 = Instant::now();
+        let h = t.hash(b"k");
+        let ask = t.take(b"k", h, 1, t0).unwrap_err();
+        assert_eq!(ask.rate, 0.0);
+        // The second check 10 ms later: one unit over the floor of 250 ms
+        // (a sixteenth of 4 s) is 4 a second: a grant is worth asking for.
+        let ask = t
+            .take(b"k", h, 1, t0 + Duration::from_millis(10))
+            .unwrap_err();
+        assert_eq!(ask.rate, 4.0);
+        // Only one request for units at a time.
+        let ask = t
+            .take(b"k", h, 1, t0 + Duration::from_millis(20))
+            .unwrap_err();
+        assert_eq!(ask.rate, 0.0);
+        // A key checked once in 3 s (1 s buckets): cold, no grant asked.
+        let cold = LeaseTable::new(Leases::new(), Duration::from_secs(1));
+        let c = cold.hash(b"c");
+        for i in 0..5 {
+            let ask = cold
+                .take(b"c", c, 1, t0 + Duration::from_secs(3 * i))
+                .unwrap_err();
+            assert_eq!(ask.rate, 0.0, "check {i}");
+        }
+    }
+
+    #[test]
+    fn grants_are_admitted_until_they_expire_then_renewed_or_handed_back() {
+        let t = table();
+        let t0 = Instant::now();
+        let h = t.hash(b"k");
+        let merged = t.granted(b"k", h, reply(7, 3, t0), false);
+        assert!(merged.back.is_empty());
+        let tick = merged.tick.expect("a task renews the grant");
+        assert!(tick > t0 + Duration::from_secs(2));
+        for _ in 0..3 {
+            let leased = t
+                .take(b"k", h, 1, t0 + Duration::from_millis(5))
+                .ok()
+                .unwrap();
+            assert_eq!(leased.slot, 7);
+        }
+        // Spent: the next check goes to Redis.
+        assert!(t.take(b"k", h, 1, t0 + Duration::from_millis(6)).is_err());
+        // Another key in the same table is not served from it.
+        assert!(t.take(b"j", t.hash(b"j"), 1, t0).is_err());
+
+        let t = table();
+        t.granted(b"k", h, reply(7, 5, t0), false);
+        // Expired (2 s less 2 ms): not admitted, and the rest is handed back in
+        // the check's own call (else the renewal task would).
+        let ask = t
+            .take(b"k", h, 1, t0 + Duration::from_millis(1999))
+            .unwrap_err();
+        assert_eq!(ask.back, Some((7, 5)));
+    }
+
+    #[test]
+    fn the_renewal_task_hands_back_and_renews_a_busy_key_and_ends_for_a_quiet_one() {
+        let t = table();
+        let t0 = Instant::now();
+        let h = t.hash(b"k");
+        let merged = t.granted(b"k", h, reply(7, 50, t0), false);
+        for i in 0..20 {
+            t.take(b"k", h, 1, t0 + Duration::from_millis(i))
+                .ok()
+                .unwrap();
+        }
+        // The refill the checks started came back empty.
+        t.fetch_abandoned(b"k", h);
+        let at = merged.tick.unwrap();
+        // Still busy as the bucket ends.
+        t.take(b"k", h, 1, at - Duration::from_millis(10))
+            .ok()
+            .unwrap();
+        match t.tick(b"k", h, at - Duration::from_millis(500)) {
+            Tick::Wait(when) => assert_eq!(when, at),
+            _ => panic!("too early"),
+        }
+        let (back, rate) = match t.tick(b"k", h, at) {
+            Tick::Renew { back, rate } => (back, rate),
+            _ => panic!("a busy key is renewed"),
+        };
+        assert_eq!(back, Some((7, 29)));
+        assert!(rate > 5.0, "{rate}");
+        // The renewal brings nothing (near the limit): the task ends.
+        let merged = t.granted(b"k", h, reply(8, 0, at), true);
+        assert!(merged.renew_at.is_none());
+        // Quiet since: the next turn ends it and forgets the key's bytes.
+        let t2 = table();
+        let merged = t2.granted(b"q", t2.hash(b"q"), reply(7, 4, t0), false);
+        match t2.tick(b"q", t2.hash(b"q"), merged.tick.unwrap()) {
+            Tick::End { back } => assert_eq!(back, Some((7, 4))),
+            _ => panic!("a quiet key is not renewed"),
+        }
+    }
+
+    #[test]
+    fn an_entry_holding_units_is_not_taken_over_and_closing_takes_every_unit() {
+        let t = LeaseTable::new(Leases::new().with_keys(1), Duration::from_secs(4));
+        let t0 = Instant::now();
+        let (a, b) = (t.hash(b"a"), t.hash(b"b"));
+        t.granted(b"a", a, reply(7, 5, t0), false);
+        // One entry: "b" keeps asking Redis and cannot hold a grant here.
+        assert_eq!(t.take(b"b", b, 1, t0).unwrap_err().rate, 0.0);
+        let merged = t.granted(b"b", b, reply(7, 3, t0), false);
+        assert_eq!(merged.back, vec![(7, 3)]);
+        assert!(t.give_back(b"a", 7, 2, t0));
+        assert!(!t.give_back(b"a", 6, 2, t0));
+        let held = t.close();
+        assert_eq!(held.len(), 1);
+        assert_eq!((&*held[0].0, held[0].1, held[0].2), (&b"a"[..], 7, 7));
+        // Closed: no more grants are asked for or kept.
+        assert_eq!(
+            t.granted(b"a", a, reply(7, 3, t0), false).back,
+            vec![(7, 3)]
+        );
+    }
+}
