@@ -251,9 +251,41 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         shrink: Shrink,
         mut idle: impl FnMut(Ring<'_, H>) -> bool,
     ) -> (usize, Option<Table<K, H>>) {
+        if shrink == Shrink::IfFew {
+            // When few keys would be left, copy them to new arrays straight
+            // away: a read of each head, where dropping each idle key from
+            // the index first would take a probe each (a flood's keys, all
+            // idle at once).
+            let idle_at: Vec<bool> = (0..self.entries.len())
+                .map(|i| self.entries[i].key.is_some() && idle(self.ring(i)))
+                .collect();
+            let dropped = idle_at.iter().filter(|&&idle| idle).count();
+            if shrinks(self.len() - dropped, self.capacity()) {
+                for (entry, &idle) in self.entries.iter_mut().zip(&idle_at) {
+                    if idle {
+                        entry.key = None;
+                    }
+                }
+                return (dropped, Some(self.compact(g)));
+            }
+            return self.drop_idle(g, shrink, |_, i| idle_at[i]);
+        }
+        self.drop_idle(g, shrink, |table, i| {
+            table.entries[i].key.is_some() && idle(table.ring(i))
+        })
+    }
+
+    /// [`retain`](Self::retain), dropping each key `idle` says is (given the
+    /// table and a position) from the index, one at a time.
+    fn drop_idle(
+        &mut self,
+        g: &Geometry,
+        shrink: Shrink,
+        mut idle: impl FnMut(&Self, usize) -> bool,
+    ) -> (usize, Option<Table<K, H>>) {
         let mut dropped = 0;
         for i in 0..self.entries.len() {
-            if self.entries[i].key.is_none() || !idle(self.ring(i)) {
+            if !idle(self, i) {
                 continue;
             }
             let hash = index_hash(self.entries[i].hash.into());
@@ -276,7 +308,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
     /// old arrays, for the caller to free once it has let go of the lock.
     fn compact(&mut self, g: &Geometry) -> Table<K, H> {
         let mut new = Table::new(self.ring_len);
-        let live = self.len();
+        let live = self.entries.iter().filter(|e| e.key.is_some()).count();
         if live > 0 {
             let capacity = capacity_for(live);
             new.entries.reserve_exact(capacity);

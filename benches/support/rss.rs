@@ -33,13 +33,28 @@ fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-/// Let the sweeper run until the limiter tracks no key. Yielding does not
-/// move paused time, so the keys went at the instant the bench advanced to.
+/// Let the sweeper run until the limiter tracks no key, then let it end its
+/// round, whose memory it hands back on tokio's blocking pool: until the
+/// resident set stops falling (at most a second). Yielding does not move
+/// paused time, so the keys went at the instant the bench advanced to.
 async fn swept(limiter: &Limiter<u64>) -> Duration {
     let start = Instant::now();
     for _ in 0..1_000_000 {
         if limiter.stats().keys_tracked == 0 {
-            return start.elapsed();
+            let took = start.elapsed();
+            let mut last = rss();
+            for _ in 0..100 {
+                for _ in 0..100 {
+                    tokio::task::yield_now().await;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                let now = rss();
+                if now >= last {
+                    break;
+                }
+                last = now;
+            }
+            return took;
         }
         tokio::task::yield_now().await;
     }
