@@ -70,8 +70,10 @@ pub enum ConfigError {
         /// The shared name.
         name: String,
     },
-    /// A policy name is not printable ASCII, so it cannot go into a
-    /// `RateLimit` header field.
+    /// A policy name that is empty, longer than
+    /// [`Policy::MAX_NAME_LEN`](crate::Policy::MAX_NAME_LEN) or holds
+    /// something other than visible ASCII without `"`, `\`, `{` and `}` (it goes
+    /// as it is into headers, bodies, metric labels and Redis keys).
     InvalidPolicyName {
         /// The name.
         name: String,
@@ -150,8 +152,8 @@ pub enum ConfigError {
     },
     /// A table of tiers without any tier.
     NoTiers,
-    /// A tier name that is empty, not printable ASCII, or holds `{` or `}`
-    /// (it goes into headers, metric labels and Redis key prefixes).
+    /// A tier name that breaks the rule of policy names (see
+    /// [`InvalidPolicyName`](ConfigError::InvalidPolicyName)).
     InvalidTierName {
         /// The name.
         name: String,
@@ -221,7 +223,8 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::InvalidPolicyName { name } => write!(
                 f,
-                "policy name {name:?} is not printable ASCII (it goes into RateLimit headers)"
+                "policy name {} must be {NAME_RULE}",
+                Shown(name)
             ),
             ConfigError::InvalidStatus { status } => {
                 write!(f, "rejection status {status} is not a 4xx or 5xx status")
@@ -266,13 +269,11 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
             ConfigError::NoTiers => f.write_str("a table of tiers needs at least one tier"),
-            ConfigError::InvalidTierName { name } => write!(
-                f,
-                "tier name {name:?} must be non-empty printable ASCII without '{{' or '}}' \
-                 (it goes into headers, metric labels and Redis keys)"
-            ),
+            ConfigError::InvalidTierName { name } => {
+                write!(f, "tier name {} must be {NAME_RULE}", Shown(name))
+            }
             ConfigError::DuplicateTier { name } => {
-                write!(f, "two tiers are named {name:?}; give each a distinct name")
+                write!(f, "two tiers are named {}; give each a distinct name", Shown(name))
             }
             ConfigError::TierWithoutPolicies { tier } => write!(
                 f,
@@ -305,6 +306,24 @@ impl fmt::Display for ConfigError {
                 "Redis key prefix {prefix:?} contains '{{' or '}}' (the policy name is part of \
                  the default prefix; set .prefix())"
             ),
+        }
+    }
+}
+
+/// What a policy or tier name may be, for messages.
+const NAME_RULE: &str = "1 to 64 visible ASCII characters other than '\"', '\\', '{' and '}' \
+     (names go as they are into headers, bodies, metric labels and Redis keys)";
+
+/// A name as a message quotes it: debug-escaped, and cut short when long, so
+/// that a mebibyte of name makes a short message.
+struct Shown<'a>(&'a str);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 80;
+        match self.0.char_indices().nth(SHOWN) {
+            None => write!(f, "{:?}", self.0),
+            Some((end, _)) => write!(f, "{:?}... ({} bytes)", &self.0[..end], self.0.len()),
         }
     }
 }

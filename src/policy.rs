@@ -95,6 +95,8 @@ impl Policy {
     pub const MAX_WINDOW: Duration = Duration::from_nanos(1 << 62);
     /// The name a policy has unless it is given one.
     pub const DEFAULT_NAME: &'static str = "default";
+    /// The longest name a policy or a [tier](crate::Tiers) may have, in bytes.
+    pub const MAX_NAME_LEN: usize = 64;
 
     /// Start building a policy.
     pub fn builder() -> PolicyBuilder {
@@ -148,7 +150,9 @@ impl Policy {
         &self.name
     }
 
-    /// The same policy under another name.
+    /// The same policy under another name. The name is checked where the
+    /// policy is used (a layer's or a table's `build`), as
+    /// [`PolicyBuilder::name`] says.
     pub fn with_name(mut self, name: impl Into<String>) -> Policy {
         self.name = name.into();
         self
@@ -411,6 +415,17 @@ fn unit_nanos(unit: &str) -> Option<u64> {
     })
 }
 
+/// True for a policy or tier name that can be written as it is wherever names
+/// go: 1 to [`Policy::MAX_NAME_LEN`] visible ASCII characters other than `"`
+/// and `\` (escaped in a structured-field string or JSON) and `{` and `}` (a
+/// Redis Cluster hash tag).
+pub(crate) fn is_valid_name(name: &str) -> bool {
+    (1..=Policy::MAX_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'{' | b'}'))
+}
+
 /// Why a policy's text notation was rejected; see [`Policy`]'s `FromStr`.
 ///
 /// Each variant keeps the part of the text at fault, so the message can
@@ -520,6 +535,26 @@ impl PolicyBuilder {
     }
 
     /// A name for headers such as `RateLimit-Policy` (default `"default"`).
+    ///
+    /// A name goes as it is into the `RateLimit` and `RateLimit-Policy`
+    /// fields (as a structured-field string), problem-details bodies, metric
+    /// labels, log events and the Redis store's default key prefix, so it is
+    /// checked rather than escaped: 1 to [`Policy::MAX_NAME_LEN`] visible
+    /// ASCII characters other than `"`, `\`, `{` and `}` (no spaces, no
+    /// quotes or backslashes to escape, no braces that would move a Redis
+    /// Cluster hash tag). Anything else is [`ConfigError::InvalidPolicyName`]
+    /// from [`build`](Self::build).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{ConfigError, Policy};
+    ///
+    /// let policy = |name: &str| Policy::builder().name(name).limit(1).window(Duration::from_secs(1)).build();
+    /// assert!(policy("per-ip:10/s").is_ok());
+    /// for bad in ["", "a \"quoted\" name", "{x}", "naïve", &"x".repeat(65)] {
+    ///     assert!(matches!(policy(bad), Err(ConfigError::InvalidPolicyName { .. })));
+    /// }
+    /// ```
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
@@ -553,6 +588,9 @@ impl PolicyBuilder {
                 bucket: self.window / self.buckets,
                 resolution: Duration::from_nanos(1),
             });
+        }
+        if !is_valid_name(&self.name) {
+            return Err(ConfigError::InvalidPolicyName { name: self.name });
         }
         Ok(Policy {
             limit: self.limit,
@@ -593,6 +631,51 @@ mod tests {
             Err(ConfigError::BucketBelowClockResolution { .. })
         ));
         assert!(ok().build().is_ok());
+    }
+
+    #[test]
+    fn names_are_checked_not_escaped() {
+        let named = |name: &str| {
+            Policy::builder()
+                .name(name)
+                .limit(1)
+                .window(Duration::from_secs(1))
+                .build()
+        };
+        let mebibyte = "n".repeat(1 << 20);
+        let longest = "n".repeat(Policy::MAX_NAME_LEN);
+        for bad in [
+            "",
+            "\"",
+            "say \"hi\"",
+            "back\\slash",
+            "{x}",
+            "a{b",
+            "spaced name",
+            "tab\there",
+            "naïve",
+            "\u{7f}",
+            &mebibyte,
+            &longest[1..].replace('n', "é"),
+        ] {
+            let err = named(bad).expect_err(bad);
+            assert!(matches!(&err, ConfigError::InvalidPolicyName { name } if name == bad));
+            // The message shows a long name cut short, not a mebibyte of it.
+            assert!(
+                err.to_string().len() < 400,
+                "{} bytes",
+                err.to_string().len()
+            );
+        }
+        for good in [
+            longest.as_str(),
+            "per-ip",
+            "10/1s",
+            "a.b:c_d+e@f%",
+            "default",
+        ] {
+            assert_eq!(named(good).unwrap().name(), good);
+        }
     }
 
     #[test]

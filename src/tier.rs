@@ -8,7 +8,7 @@
 //! The guide's [tiers chapter](crate::guide::tiers) puts it together.
 
 use crate::error::ConfigError;
-use crate::policy::Policy;
+use crate::policy::{is_valid_name, Policy};
 
 /// The most policies one layer (or one tier) decides at once: decisions for
 /// all of them are kept on the stack while a request is decided.
@@ -42,6 +42,11 @@ impl TierLimits {
 
 /// A validated table of tiers by name, in the order they were added (from
 /// configuration, in the order the format hands them over).
+///
+/// Tier names, like policy names, go as they are into the rate-limit
+/// headers, problem-details bodies, metric labels and Redis keys, so they are
+/// checked when the table is built rather than escaped where they are
+/// written: see [`TiersBuilder::build`].
 ///
 /// Each tier is [limited](TierLimits::Limited) by one or several policies,
 /// [unlimited](TierLimits::Unlimited) or [denied](TierLimits::Denied). A policy
@@ -166,18 +171,20 @@ impl TiersBuilder {
 
     /// Validate the table and name its policies.
     ///
-    /// Errors: no tier ([`ConfigError::NoTiers`]), a tier name that is empty,
-    /// not printable ASCII or holds `{` or `}` ([`ConfigError::InvalidTierName`]),
-    /// a name used twice ([`ConfigError::DuplicateTier`]), a limited tier
-    /// without policies or with more than [`MAX_POLICIES`], and policy names
-    /// that are not printable ASCII or are used twice in a tier.
+    /// Errors: no tier ([`ConfigError::NoTiers`]), a tier name that is not
+    /// a valid name ([`ConfigError::InvalidTierName`]: names follow the
+    /// rule of [policy names](crate::PolicyBuilder::name), 1 to
+    /// [`Policy::MAX_NAME_LEN`] visible ASCII characters other than `"`,
+    /// `\`, `{` and `}`), a name used twice ([`ConfigError::DuplicateTier`]), a
+    /// limited tier without policies or with more than [`MAX_POLICIES`], and
+    /// policy names that are not valid or are used twice in a tier.
     pub fn build(self) -> Result<Tiers, ConfigError> {
         if self.tiers.is_empty() {
             return Err(ConfigError::NoTiers);
         }
         let mut tiers: Vec<(String, TierLimits)> = Vec::with_capacity(self.tiers.len());
         for (name, limits) in self.tiers {
-            if !is_valid_tier_name(&name) {
+            if !is_valid_name(&name) {
                 return Err(ConfigError::InvalidTierName { name });
             }
             if tiers.iter().any(|(n, _)| *n == name) {
@@ -193,15 +200,6 @@ impl TiersBuilder {
         }
         Ok(Tiers { tiers })
     }
-}
-
-/// A tier name goes into headers (printable ASCII), Redis key prefixes (no
-/// hash-tag braces) and metric labels.
-fn is_valid_tier_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| (0x20..=0x7e).contains(&b) && b != b'{' && b != b'}')
 }
 
 /// Give default-named policies their tier's name, and check the tier's list.
@@ -230,7 +228,7 @@ fn name_policies(tier: &str, policies: Vec<Policy>) -> Result<Vec<Policy>, Confi
         } else {
             policy
         };
-        if !policy.name().bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        if !is_valid_name(policy.name()) {
             return Err(ConfigError::InvalidPolicyName {
                 name: policy.name().to_owned(),
             });
@@ -465,15 +463,28 @@ mod tests {
     fn rejects_each_mistake_with_its_own_error() {
         let build = |b: TiersBuilder| b.build().unwrap_err();
         assert!(matches!(build(Tiers::builder()), ConfigError::NoTiers));
-        for name in ["", "a{b}", "tab\there", "é"] {
+        let mebibyte = "t".repeat(1 << 20);
+        for name in [
+            "",
+            "a{b}",
+            "{x}",
+            "\"",
+            "say \"hi\"",
+            "back\\slash",
+            "tab\there",
+            "two words",
+            "é",
+            &mebibyte,
+        ] {
+            let err = build(Tiers::builder().unlimited(name));
             assert!(
-                matches!(
-                    build(Tiers::builder().unlimited(name)),
-                    ConfigError::InvalidTierName { .. }
-                ),
+                matches!(&err, ConfigError::InvalidTierName { name: n } if n == name),
                 "{name:?}"
             );
+            assert!(err.to_string().len() < 400);
         }
+        let longest = "t".repeat(Policy::MAX_NAME_LEN);
+        assert!(Tiers::builder().unlimited(longest).build().is_ok());
         assert!(matches!(
             build(Tiers::builder().unlimited("a").denied("a")),
             ConfigError::DuplicateTier { name } if name == "a"
@@ -491,9 +502,14 @@ mod tests {
             build(Tiers::builder().limited("a", [named("x"), named("x")])),
             ConfigError::DuplicatePolicyName { .. }
         ));
-        assert!(matches!(
-            build(Tiers::builder().limited("a", [named("ü")])),
-            ConfigError::InvalidPolicyName { .. }
-        ));
+        for name in ["ü", "", "{x}", "a\"b", &"p".repeat(1 << 20)] {
+            assert!(
+                matches!(
+                    build(Tiers::builder().limited("a", [named(name)])),
+                    ConfigError::InvalidPolicyName { .. }
+                ),
+                "{name:?}"
+            );
+        }
     }
 }

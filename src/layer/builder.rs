@@ -764,7 +764,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// Validate the configuration and create the limiters.
     ///
     /// Errors: no policy, more than [`MAX_POLICIES`](crate::layer::MAX_POLICIES), a policy name that is
-    /// not printable ASCII or is used twice, a rejection status that is not
+    /// not [valid](crate::PolicyBuilder::name) or is used twice, a rejection status that is not
     /// 4xx/5xx, a gRPC code outside 1..=16, HTTP rejection settings followed
     /// by [`reject_with_errors`](Self::reject_with_errors), and any limiter
     /// configuration error (`max_keys` 0, a bucket below the clock's
@@ -840,7 +840,7 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, Stores<St>, 
     /// Validate the configuration and take the stores.
     ///
     /// Errors: more than [`MAX_POLICIES`](crate::layer::MAX_POLICIES), a policy name that is not
-    /// printable ASCII or is used twice, a rejection status that is not
+    /// [valid](crate::PolicyBuilder::name) or is used twice, a rejection status that is not
     /// 4xx/5xx, a gRPC code outside 1..=16, and HTTP rejection settings
     /// followed by [`reject_with_errors`](Self::reject_with_errors).
     pub fn build(self) -> Result<SlidingWindowLayer<X, St, M>, ConfigError>
@@ -1090,12 +1090,13 @@ mod tests {
 
         let bad_name = SlidingWindowLayer::builder(key_fn(key))
             .policy(
+                // Renamed after the policy's own build, which refuses the name.
                 Policy::builder()
-                    .name("ünïcode")
                     .limit(1)
                     .window(Duration::from_secs(1))
                     .build()
-                    .unwrap(),
+                    .unwrap()
+                    .with_name("ünïcode"),
             )
             .build();
         assert!(matches!(

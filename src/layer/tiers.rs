@@ -56,7 +56,7 @@ impl<St> Policies<St> {
     }
 
     /// The stores, validated: at least one, at most [`MAX_POLICIES`], names
-    /// printable and distinct.
+    /// valid (see [`Policy::name`](crate::PolicyBuilder::name)) and distinct.
     pub(crate) fn new<K>(stores: Vec<St>) -> Result<Policies<St>, ConfigError>
     where
         St: Store<K>,
@@ -73,7 +73,7 @@ impl<St> Policies<St> {
         let mut limits: Vec<Limit<St>> = Vec::with_capacity(stores.len());
         for store in stores {
             let name = store.policy().name();
-            if !response::is_valid_policy_name(name) {
+            if !crate::policy::is_valid_name(name) {
                 return Err(ConfigError::InvalidPolicyName {
                     name: name.to_owned(),
                 });
@@ -116,7 +116,7 @@ pub(crate) struct DeniedTier {
 impl DeniedTier {
     fn new(tier: &str) -> DeniedTier {
         let quoted_name = response::quoted(tier).into_boxed_str();
-        // Tier names are printable ASCII (checked by `Tiers`), so this holds.
+        // Tier names are visible ASCII (checked by `Tiers`), so this holds.
         let policy_header = HeaderValue::try_from(format!("{quoted_name};q=0"))
             .unwrap_or_else(|_| HeaderValue::from_static(""));
         DeniedTier {
