@@ -51,10 +51,13 @@ impl TierLimits {
 ///
 /// Each tier is [limited](TierLimits::Limited) by one or several policies,
 /// [unlimited](TierLimits::Unlimited) or [denied](TierLimits::Denied). A policy
-/// left with the default name takes its tier's name (`"free"`), or with
-/// several in a tier, the tier's name and its position (`"paid-1"`,
-/// `"paid-2"`); those names go into the `RateLimit` headers, the metrics and
-/// the Redis keys.
+/// left with the default name is named by its position: the first takes its
+/// tier's name (`"paid"`), the others the tier's name and their position
+/// (`"paid-2"`, `"paid-3"`), so a policy added at the end of a tier's list
+/// renames none before it. Those names go into the `RateLimit` headers, the
+/// metrics and the Redis keys, and a change of the table keeps a policy's
+/// counts by its name: name policies yourself (`name = "hourly"`) where a
+/// tier's list may change other than at its end.
 ///
 /// ```
 /// use tower_sliding_window::{Tiers, TierLimits};
@@ -67,6 +70,7 @@ impl TierLimits {
 ///     .denied("suspended")
 ///     .build()?;
 /// assert_eq!(tiers.get("free").unwrap().policies()[0].name(), "free");
+/// assert_eq!(tiers.get("paid").unwrap().policies()[0].name(), "paid");
 /// assert_eq!(tiers.get("paid").unwrap().policies()[1].name(), "paid-2");
 /// assert_eq!(tiers.get("internal"), Some(&TierLimits::Unlimited));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -220,14 +224,14 @@ fn name_policies(tier: &str, policies: Vec<Policy>) -> Result<Vec<Policy>, Confi
             max: MAX_POLICIES,
         });
     }
-    let several = policies.len() > 1;
     let mut named: Vec<Policy> = Vec::with_capacity(policies.len());
     for (i, policy) in policies.into_iter().enumerate() {
         let policy = if policy.name() == Policy::DEFAULT_NAME {
-            let name = if several {
-                format!("{tier}-{}", i + 1)
-            } else {
-                tier.to_owned()
+            // The first is the tier's name whether others follow or not, so
+            // that a policy added at the end renames none before it.
+            let name = match i {
+                0 => tier.to_owned(),
+                _ => format!("{tier}-{}", i + 1),
             };
             policy.with_name(name)
         } else {
@@ -437,7 +441,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(names("free"), ["free"]);
-        assert_eq!(names("paid"), ["paid-1", "paid-2"]);
+        assert_eq!(names("paid"), ["paid", "paid-2"]);
         assert_eq!(names("mixed"), ["burst", "mixed-2"]);
         assert!(names("internal").is_empty());
         assert_eq!(tiers.len(), 5);

@@ -144,11 +144,11 @@ async fn headers_report_the_tiers_policy() {
     assert_eq!(paid.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         header(&paid, "ratelimit-policy"),
-        Some("\"paid-1\";q=5;w=60, \"hourly\";q=100;w=3600")
+        Some("\"paid\";q=5;w=60, \"hourly\";q=100;w=3600")
     );
     assert!(header(&paid, "ratelimit")
         .unwrap()
-        .starts_with("\"paid-1\";r=0;t="));
+        .starts_with("\"paid\";r=0;t="));
 }
 
 #[tokio::test]
@@ -283,8 +283,8 @@ async fn a_new_table_keeps_counts_by_tier_and_policy_name() {
     assert_eq!(statuses(addr, "paid", "ada", 5).await, [200; 5]);
     assert_eq!(statuses(addr, "free", "ada", 2).await, [200; 2]);
 
-    // "paid" gets a bigger burst limit (its first policy, "paid-1" as its
-    // position names it, keeps its counts by that name) and keeps "hourly";
+    // "paid" gets a bigger burst limit (its first policy, named "paid" by
+    // its position, keeps its counts by that name) and keeps "hourly";
     // "free" goes; "trial" is new.
     let next = Tiers::builder()
         .limited(
@@ -304,6 +304,88 @@ async fn a_new_table_keeps_counts_by_tier_and_policy_name() {
     assert_eq!(statuses(addr, "free", "ada", 1).await, [500]);
     assert_eq!(statuses(addr, "trial", "ada", 2).await, [200, 429]);
     assert_eq!(layer.tiers().unwrap(), next);
+}
+
+/// `n` requests per `window` in tier `tier`.
+fn limited(rate: &str) -> TierLimits {
+    TierLimits::Limited(vec![rate.parse().unwrap()])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_added_to_a_tier_leaves_the_others_their_names_and_counts() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    // An hourly policy joins "free": the first keeps its name, "free", and
+    // with it the two units it counted; the new one is "free-2".
+    layer
+        .set_tier(
+            "free",
+            TierLimits::Limited(vec!["2/min".parse().unwrap(), "100/h".parse().unwrap()]),
+        )
+        .unwrap();
+    let names: Vec<String> = layer
+        .tiers()
+        .unwrap()
+        .get("free")
+        .unwrap()
+        .policies()
+        .iter()
+        .map(|p| p.name().to_owned())
+        .collect();
+    assert_eq!(names, ["free", "free-2"]);
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
+    tokio::time::advance(Duration::from_secs(65)).await;
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tiers_counts_outlast_an_interlude_as_denied_or_unlimited() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    for interlude in [TierLimits::Denied, TierLimits::Unlimited] {
+        assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+        layer.set_tier("free", interlude.clone()).unwrap();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Limited again: the two units of 10 s ago still count.
+        layer.set_tier("free", limited("2/min")).unwrap();
+        assert_eq!(
+            statuses(addr, "free", "ada", 1).await,
+            [429],
+            "after {interlude:?}"
+        );
+        // Limited again under another limit: counted against it, as any change.
+        layer.set_tier("free", interlude.clone()).unwrap();
+        layer.set_tier("free", limited("3/min")).unwrap();
+        assert_eq!(
+            statuses(addr, "free", "ada", 2).await,
+            [200, 429],
+            "after {interlude:?}"
+        );
+        // They leave the window as they would have without the interlude:
+        // at 65 s the two of 0 s are gone, the one of 10 s is not.
+        tokio::time::advance(Duration::from_secs(55)).await;
+        layer.set_tier("free", limited("2/min")).unwrap();
+        assert_eq!(statuses(addr, "free", "ada", 2).await, [200, 429]);
+        tokio::time::advance(Duration::from_secs(65)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tier_removed_from_the_table_and_added_back_starts_empty() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    let without_free = Tiers::builder()
+        .limited("paid", ["5/min".parse().unwrap()])
+        .build()
+        .unwrap();
+    layer.set_tiers(&without_free).unwrap();
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [500]);
+    // The documented choice: a tier gone from the table takes its counts
+    // with it.
+    layer.set_tiers(&table()).unwrap();
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
 }
 
 #[test]

@@ -140,6 +140,10 @@ impl DeniedTier {
 pub(crate) struct TierTable<St> {
     pub(crate) names: TierNames,
     tiers: Box<[Tier<St>]>,
+    /// By tier, the stores of an unlimited or denied tier that was limited
+    /// before: kept, counts and all, so that limiting it again resumes from
+    /// them rather than from nothing.
+    dormant: Box<[Option<Arc<Policies<St>>>]>,
     /// Where requests of an unknown tier go, if anywhere.
     fallback: Option<usize>,
     /// The table as configured, for `tiers()` and changes of one tier.
@@ -159,6 +163,16 @@ impl<St> TierTable<St> {
         match self.tiers.get(self.names.find(name).index()?) {
             Some(Tier::Limited(policies)) => Some(policies),
             _ => None,
+        }
+    }
+
+    /// The stores tier `name` counts in, or counted in before it became
+    /// unlimited or denied.
+    fn stores(&self, name: &str) -> Option<&Arc<Policies<St>>> {
+        let at = self.names.find(name).index()?;
+        match &self.tiers[at] {
+            Tier::Limited(policies) => Some(policies),
+            Tier::Unlimited | Tier::Denied(_) => self.dormant[at].as_ref(),
         }
     }
 }
@@ -251,7 +265,8 @@ impl<St> TierState<St> {
     }
 }
 
-/// A table for `tiers`, carrying over the stores of `old` where it can.
+/// A table for `tiers`, carrying over the stores of `old` where it can: a
+/// tier's stores last as long as the tier stays in the table, limited or not.
 fn build_table<K, St: Store<K>>(
     tiers: &Tiers,
     old: Option<&TierTable<St>>,
@@ -259,16 +274,24 @@ fn build_table<K, St: Store<K>>(
     fallback: Option<&str>,
 ) -> Result<TierTable<St>, ConfigError> {
     let mut built = Vec::with_capacity(tiers.len());
+    let mut dormant = Vec::with_capacity(tiers.len());
     for (name, limits) in tiers.iter() {
-        let before = old.and_then(|old| Some((old.config.get(name)?, old.policies(name))));
-        let tier = match limits {
-            TierLimits::Unlimited => Tier::Unlimited,
-            TierLimits::Denied => Tier::Denied(DeniedTier::new(name)),
-            TierLimits::Limited(policies) => match before {
-                // Unchanged: the same stores, counts and all.
-                Some((was, Some(same))) if was == limits => Tier::Limited(Arc::clone(same)),
+        let previous = old.and_then(|old| old.stores(name));
+        let (tier, kept) = match limits {
+            TierLimits::Unlimited => (Tier::Unlimited, previous.cloned()),
+            TierLimits::Denied => (Tier::Denied(DeniedTier::new(name)), previous.cloned()),
+            TierLimits::Limited(policies) => match previous {
+                // The same policies: the same stores, counts and all.
+                Some(same)
+                    if same
+                        .limits
+                        .iter()
+                        .map(|l| l.store.policy())
+                        .eq(policies.iter()) =>
+                {
+                    (Tier::Limited(Arc::clone(same)), None)
+                }
                 _ => {
-                    let previous = before.and_then(|(_, p)| p);
                     let stores = policies
                         .iter()
                         .map(|policy| {
@@ -280,11 +303,12 @@ fn build_table<K, St: Store<K>>(
                             }
                         })
                         .collect::<Result<Vec<St>, ConfigError>>()?;
-                    Tier::Limited(Arc::new(Policies::new(stores)?))
+                    (Tier::Limited(Arc::new(Policies::new(stores)?)), None)
                 }
             },
         };
         built.push(tier);
+        dormant.push(kept);
     }
     let names = TierNames::new(tiers.iter().map(|(name, _)| name));
     let fallback = match fallback {
@@ -303,6 +327,7 @@ fn build_table<K, St: Store<K>>(
     Ok(TierTable {
         names,
         tiers: built.into_boxed_slice(),
+        dormant: dormant.into_boxed_slice(),
         fallback,
         config: tiers.clone(),
     })
