@@ -150,7 +150,8 @@ pub enum ConfigError {
         /// The prefix.
         prefix: String,
     },
-    /// A table of tiers without any tier.
+    /// A table of tiers without any tier, or a layer keyed by a tiered
+    /// extractor built without its table.
     NoTiers,
     /// A tier name that breaks the rule of policy names (see
     /// [`InvalidPolicyName`](ConfigError::InvalidPolicyName)).
@@ -172,19 +173,17 @@ pub enum ConfigError {
     /// ([`Store::reconfigured`](crate::Store::reconfigured) is not
     /// implemented for it).
     PolicyFixed,
-    /// The extractor names tiers ([`tiered_key_fn`](crate::tiered_key_fn))
-    /// and the layer has policies instead of
-    /// [`tiers`](crate::SlidingWindowLayerBuilder::tiers), or the layer has
-    /// tiers and the extractor names none.
-    TiersAndExtractorDisagree {
-        /// True when the layer has tiers (and the extractor names none).
-        layer_has_tiers: bool,
-    },
-    /// A setting a layer of tiers does not support (waiting, backpressure, a
-    /// fallback key).
+    /// A setting a layer of tiers does not support (a fallback key), or a
+    /// change of tiers on a layer of policies.
     NotWithTiers {
         /// The setting.
         setting: &'static str,
+    },
+    /// A change of one tier names a tier the table does not have (a typo, or
+    /// a tier to add: [`add_tier`](crate::layer::TierHandle::add_tier)).
+    UnknownTier {
+        /// The name.
+        name: String,
     },
     /// The tier that requests of an unknown tier go to is not in the table.
     UnknownFallbackTier {
@@ -282,15 +281,14 @@ impl fmt::Display for ConfigError {
             ConfigError::PolicyFixed => {
                 f.write_str("this store cannot change its policy at run time")
             }
-            ConfigError::TiersAndExtractorDisagree { layer_has_tiers: true } => f.write_str(
-                "the layer has tiers but its extractor names none: key requests with tiered_key_fn",
-            ),
-            ConfigError::TiersAndExtractorDisagree { layer_has_tiers: false } => f.write_str(
-                "the extractor names a tier for each request but the layer has policies: give it tiers()",
-            ),
             ConfigError::NotWithTiers { setting } => {
                 write!(f, "{setting} is not supported by a layer of tiers")
             }
+            ConfigError::UnknownTier { name } => write!(
+                f,
+                "the table has no tier named {}; add a tier with add_tier",
+                Shown(name)
+            ),
             ConfigError::UnknownFallbackTier { name } => {
                 write!(f, "the fallback tier {name:?} is not in the table of tiers")
             }

@@ -127,19 +127,41 @@ impl Tiers {
         self.tiers.is_empty()
     }
 
-    /// This table with tier `name` set to `limits` (replaced in place, or
-    /// added last), validated as the builder validates.
-    pub(crate) fn with_tier(&self, name: &str, limits: TierLimits) -> Result<Tiers, ConfigError> {
-        let mut builder = Tiers::builder();
+    /// No tier: only for a handle on a layer without tiers, which the
+    /// builder's types rule out.
+    pub(crate) fn none() -> Tiers {
+        Tiers {
+            tiers: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// This table with tier `name`, which it must have
+    /// ([`ConfigError::UnknownTier`]), set to `limits`, validated as the
+    /// builder validates.
+    pub(crate) fn replacing(&self, name: &str, limits: TierLimits) -> Result<Tiers, ConfigError> {
+        let Some(&at) = self.index.get(name) else {
+            return Err(ConfigError::UnknownTier {
+                name: name.to_owned(),
+            });
+        };
         let mut limits = Some(limits);
-        for (tier, current) in self.iter() {
-            let replaced = if tier == name { limits.take() } else { None };
-            builder = builder.tier(tier, replaced.unwrap_or_else(|| current.clone()));
+        let tiers = self.tiers.iter().enumerate().map(|(i, (tier, current))| {
+            let replaced = if i == at { limits.take() } else { None };
+            (tier.clone(), replaced.unwrap_or_else(|| current.clone()))
+        });
+        TiersBuilder {
+            tiers: tiers.collect(),
         }
-        if let Some(limits) = limits {
-            builder = builder.tier(name, limits);
-        }
-        builder.build()
+        .build()
+    }
+
+    /// This table with tier `name`, which it must not have
+    /// ([`ConfigError::DuplicateTier`]), added last.
+    pub(crate) fn adding(&self, name: &str, limits: TierLimits) -> Result<Tiers, ConfigError> {
+        let mut tiers = self.tiers.clone();
+        tiers.push((name.to_owned(), limits));
+        TiersBuilder { tiers }.build()
     }
 }
 
@@ -485,10 +507,20 @@ mod tests {
             assert_eq!(table.get(&name(i)).unwrap().policies()[0].name(), name(i));
         }
         let changed = table
-            .with_tier(&name(TIERS - 1), TierLimits::Denied)
+            .replacing(&name(TIERS - 1), TierLimits::Denied)
             .unwrap();
         assert_eq!(changed.get(&name(TIERS - 1)), Some(&TierLimits::Denied));
         assert_eq!(changed.iter().last().unwrap().0, name(TIERS - 1));
+        let added = changed.adding("one-more", TierLimits::Unlimited).unwrap();
+        assert_eq!(added.iter().last().unwrap().0, "one-more");
+        assert!(matches!(
+            added.replacing("no-such-tier", TierLimits::Denied),
+            Err(ConfigError::UnknownTier { name }) if name == "no-such-tier"
+        ));
+        assert!(matches!(
+            added.adding("one-more", TierLimits::Denied),
+            Err(ConfigError::DuplicateTier { name }) if name == "one-more"
+        ));
         // The name used twice is found wherever it is.
         let twice = (0..TIERS)
             .fold(Tiers::builder(), |b, i| b.unlimited(name(i)))

@@ -18,8 +18,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tower_sliding_window::extract::TieredKeyFn;
 use tower_sliding_window::{
-    key_fn, tiered_key_fn, ConfigError, OnLimit, Policy, SlidingWindowLayer, TierLimits, Tiers,
-    WaitConfig,
+    tiered_key_fn, ConfigError, Policy, SlidingWindowLayer, TierLimits, Tiers,
 };
 
 /// Tier from `x-tier`, key from `x-user`; no user, no key.
@@ -388,24 +387,168 @@ async fn a_tier_removed_from_the_table_and_added_back_starts_empty() {
     assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
 }
 
+#[tokio::test]
+async fn changing_a_tier_the_table_lacks_is_an_error_and_adding_one_is_a_call_of_its_own() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    // A typo changes nothing.
+    assert!(matches!(
+        layer.set_tier("fre", TierLimits::Unlimited),
+        Err(ConfigError::UnknownTier { name }) if name == "fre"
+    ));
+    assert_eq!(layer.tiers().unwrap(), table());
+    assert_eq!(statuses(addr, "fre", "ada", 1).await, [500]);
+    // Adding is its own call, and refuses a tier the table has.
+    layer.add_tier("trial", limited("1/min")).unwrap();
+    assert_eq!(statuses(addr, "trial", "ada", 2).await, [200, 429]);
+    assert!(matches!(
+        layer.add_tier("free", TierLimits::Unlimited),
+        Err(ConfigError::DuplicateTier { name }) if name == "free"
+    ));
+    assert_eq!(
+        layer.tiers().unwrap().get("free"),
+        table().get("free"),
+        "nothing changed"
+    );
+}
+
+#[tokio::test]
+async fn a_handle_changes_the_layers_table_from_wherever_it_is_kept() {
+    use tower_sliding_window::layer::TierHandle;
+
+    /// What an admin endpoint keeps: no extractor type in sight.
+    #[derive(Clone)]
+    struct Admin {
+        tiers: TierHandle<String>,
+    }
+
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    let admin = Admin {
+        tiers: layer.tier_handle(),
+    };
+    let elsewhere = admin.clone();
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    elsewhere.tiers.set_tier("free", limited("3/min")).unwrap();
+    // The layer's services see it, and the counts were kept.
+    assert_eq!(statuses(addr, "free", "ada", 2).await, [200, 429]);
+    assert_eq!(admin.tiers.tiers(), layer.tiers().unwrap());
+    admin.tiers.add_tier("trial", limited("1/min")).unwrap();
+    assert_eq!(statuses(addr, "trial", "ada", 2).await, [200, 429]);
+    assert!(matches!(
+        admin.tiers.set_tier("gold", TierLimits::Unlimited),
+        Err(ConfigError::UnknownTier { .. })
+    ));
+    admin.tiers.set_tiers(&table()).unwrap();
+    assert_eq!(layer.tiers().unwrap(), table());
+}
+
+/// Tier by API key; callers without one by `ClientIp` in "anonymous".
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Caller {
+    Key(String),
+    Ip(std::net::IpAddr),
+}
+
+#[tokio::test]
+async fn a_tiered_layer_keyed_through_client_ip_groups_ipv6_by_64_and_walks_trusted_proxies() {
+    // The test client connects from 127.0.0.1, playing the trusted proxy.
+    let client_ip = tower_sliding_window::ClientIp::trusting(["127.0.0.1".parse().unwrap()]);
+    let by_tier = tiered_key_fn(
+        move |req: &Request<Body>| match req.headers().get("x-api-key") {
+            Some(key) => Some(("free", Caller::Key(key.to_str().ok()?.to_owned()))),
+            None => Some(("anonymous", Caller::Ip(client_ip.key_of(req)?))),
+        },
+    );
+    let tiers = Tiers::builder()
+        .limited("anonymous", ["2/min".parse().unwrap()])
+        .limited("free", ["2/min".parse().unwrap()])
+        .build()
+        .unwrap();
+    let layer = SlidingWindowLayer::builder(by_tier)
+        .tiers(tiers)
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer.clone()),
+    )
+    .await;
+    let from = |forwarded_for: &'static str| async move {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .uri("/")
+            .header("x-forwarded-for", forwarded_for)
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        sender.send_request(req).await.unwrap().status().as_u16()
+    };
+    // Two addresses of one /64: one count.
+    assert_eq!(from("2001:db8:1:2::a").await, 200);
+    assert_eq!(from("2001:db8:1:2:ffff::b").await, 200);
+    assert_eq!(from("2001:db8:1:2::c").await, 429);
+    // A spoofed entry in front changes nothing: the proxy's entry, on the
+    // right, is the client.
+    assert_eq!(from("198.51.100.1, 2001:db8:1:2::d").await, 429);
+    // Another /64, and an IPv4 client, have counts of their own.
+    assert_eq!(from("2001:db8:1:3::a").await, 200);
+    assert_eq!(from("198.51.100.1").await, 200);
+    let anonymous = layer.tier_stores("anonymous").unwrap();
+    let store = anonymous.iter().next().unwrap();
+    let used = |ip: &str| store.usage(&Caller::Ip(ip.parse().unwrap())).used;
+    assert_eq!(used("2001:db8:1:2::"), 2);
+    assert_eq!(used("2001:db8:1:3::"), 1);
+    assert_eq!(used("198.51.100.1"), 1);
+}
+
+#[tokio::test]
+async fn shared_and_boxed_closures_key_a_layer_of_tiers() {
+    use std::sync::Arc;
+    use tower_sliding_window::extract::SharedTieredKeyFn;
+
+    type Shared = SharedTieredKeyFn<Request<Body>, String, String>;
+    let shared: Shared = tiered_key_fn(Arc::new(tier_and_user)
+        as Arc<dyn Fn(&Request<Body>) -> Option<(String, String)> + Send + Sync>);
+    let boxed = tiered_key_fn(Box::new(tier_and_user)
+        as Box<dyn Fn(&Request<Body>) -> Option<(String, String)> + Send + Sync>);
+    let shared_layer: SlidingWindowLayer<Shared> = SlidingWindowLayer::builder(shared)
+        .tiers(table())
+        .build()
+        .unwrap();
+    let boxed_layer = SlidingWindowLayer::builder(boxed)
+        .tiers(table())
+        .build()
+        .unwrap();
+    for addr in [app_of(shared_layer).await, app_of(boxed_layer).await] {
+        assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    }
+}
+
+async fn app_of<X>(layer: SlidingWindowLayer<X>) -> SocketAddr
+where
+    X: tower_sliding_window::KeyExtractor<Request<Body>>,
+{
+    serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await
+}
+
 #[test]
 fn mistakes_are_configuration_errors() {
-    // Tiers need an extractor that names them, and the other way round.
-    let untiered =
-        key_fn(|req: &Request<Body>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()));
+    // Tiers with an extractor of keys alone, or policies with a tiered
+    // one, do not compile (tests/compile/fail); a tiered extractor can still
+    // reach `build` without its table.
     assert!(matches!(
-        SlidingWindowLayer::builder(untiered).tiers(table()).build(),
-        Err(ConfigError::TiersAndExtractorDisagree {
-            layer_has_tiers: true
-        })
-    ));
-    assert!(matches!(
-        SlidingWindowLayer::builder(by_tier())
-            .policy("1/s".parse().unwrap())
-            .build(),
-        Err(ConfigError::TiersAndExtractorDisagree {
-            layer_has_tiers: false
-        })
+        SlidingWindowLayer::builder(by_tier()).max_keys(10).build(),
+        Err(ConfigError::NoTiers)
     ));
     assert!(matches!(
         SlidingWindowLayer::builder(by_tier())
@@ -413,13 +556,6 @@ fn mistakes_are_configuration_errors() {
             .unknown_tier_fallback("gold")
             .build(),
         Err(ConfigError::UnknownFallbackTier { .. })
-    ));
-    assert!(matches!(
-        SlidingWindowLayer::builder(by_tier())
-            .tiers(table())
-            .on_limit(OnLimit::Wait(WaitConfig::unbounded()))
-            .build(),
-        Err(ConfigError::NotWithTiers { .. })
     ));
     // A change that drops the fallback tier is refused, and nothing changes.
     let layer = SlidingWindowLayer::builder(by_tier())

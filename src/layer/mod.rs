@@ -41,6 +41,7 @@ pub use self::service::SlidingWindow;
 pub use self::shared::{
     LayerStats, MissingKey, OnLimit, SlidingWindowLayer, TierStores, MAX_POLICIES,
 };
+pub use self::tiers::TierHandle;
 
 /// A layer whose policies live in Redis, shared by a fleet (feature `redis`).
 #[cfg(feature = "redis")]
