@@ -541,6 +541,35 @@ where
     .await
 }
 
+#[tokio::test]
+async fn problem_details_name_the_tiers_policy_or_the_denied_tier() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .problem_details()
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let violated = |response: &Response<Bytes>| -> serde_json::Value {
+        assert_eq!(
+            header(response, "content-type"),
+            Some("application/problem+json")
+        );
+        let problem: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        problem["violated-policies"].clone()
+    };
+    statuses(addr, "free", "ada", 2).await;
+    let free = send(addr, "free", "ada").await;
+    assert_eq!(violated(&free), serde_json::json!(["free"]));
+    let suspended = send(addr, "suspended", "mallory").await;
+    assert_eq!(suspended.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(violated(&suspended), serde_json::json!(["suspended"]));
+}
+
 #[test]
 fn mistakes_are_configuration_errors() {
     // Tiers with an extractor of keys alone, or policies with a tiered

@@ -8,7 +8,7 @@
 //! have (a clock, a key cap, waiting, sweeping) do not exist on a builder of stores: a
 //! mistake there does not compile, rather than failing when the layer is built.
 
-use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig};
+use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig, ProblemDetails};
 use super::shared::{
     Hold, KeyFormatter, LayerCounters, MissingKey, OnLimit, Shared, SlidingWindowLayer,
 };
@@ -1055,6 +1055,63 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
             mode: HttpRejection {
                 options: self.mode.options,
                 response: CustomResponse(hook),
+            },
+            settings: self.settings,
+        }
+    }
+
+    /// Answer plain HTTP rejections with an RFC 9457 problem-details body
+    /// (`application/problem+json`, with its `Content-Length`) instead of an
+    /// empty one (the default): the IETF RateLimit draft's `quota-exceeded`
+    /// problem type, its `violated-policies` naming every policy that
+    /// denied, over a limit; `temporary-reduced-capacity` when a store that
+    /// cannot decide fails closed (503). See [`ProblemDetails`] for the
+    /// document. The headers are the same as without it; gRPC rejections and
+    /// the answers to a missing key are unchanged. It replaces a
+    /// [`reject_with`](Self::reject_with) hook set before it (and one set
+    /// after replaces it).
+    ///
+    /// The body is built per rejection (one allocation), and the inner
+    /// service's body type must convert from a `String`, as axum's `Body`,
+    /// `String` and http-body-util's `Full<Bytes>` do.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::body::Body;
+    /// use http::{Request, Response, StatusCode};
+    /// use http_body_util::BodyExt;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = SlidingWindowLayer::builder(GlobalKey)
+    ///     .policy(Policy::builder().name("hourly").limit(1).window(Duration::from_secs(3600)).build()?)
+    ///     .problem_details()
+    ///     .build()?;
+    /// let svc = layer.layer(service_fn(|_req: Request<Body>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(Body::from("hello")))
+    /// }));
+    /// svc.clone().oneshot(Request::new(Body::empty())).await?;
+    /// let limited = svc.oneshot(Request::new(Body::empty())).await?;
+    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(limited.headers()["content-type"], "application/problem+json");
+    /// let body = limited.into_body().collect().await?.to_bytes();
+    /// let body = std::str::from_utf8(&body)?;
+    /// assert!(body.contains(r#""type":"https://iana.org/assignments/http-problem-types#quota-exceeded""#));
+    /// assert!(body.contains(r#""violated-policies":["hourly"]"#));
+    /// # Ok(()) }
+    /// ```
+    pub fn problem_details(
+        mut self,
+    ) -> SlidingWindowLayerBuilder<X, S, HttpRejection<ProblemDetails>> {
+        self.settings.http_rejection = true;
+        SlidingWindowLayerBuilder {
+            extractor: self.extractor,
+            stores: self.stores,
+            mode: HttpRejection {
+                options: self.mode.options,
+                response: ProblemDetails,
             },
             settings: self.settings,
         }

@@ -35,7 +35,7 @@ pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, TieredStore
 pub use self::future::ResponseFuture;
 pub use self::rejection::{
     CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ModeConfig,
-    RateLimited, RejectResponse, RejectionMode,
+    ProblemDetails, RateLimited, RejectResponse, RejectionMode,
 };
 pub use self::service::SlidingWindow;
 pub use self::shared::{

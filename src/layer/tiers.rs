@@ -11,6 +11,7 @@
 //! carry over) and swaps it in; requests that loaded the old table finish
 //! under it.
 
+use super::rejection::Violated;
 use super::response::{self, PolicyName, Report};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -46,6 +47,20 @@ impl<St> Policies<St> {
             limits: Box::new([]),
             policy_header: HeaderValue::from_static(""),
         }
+    }
+
+    /// The policies whose `answers` denied, in order.
+    pub(crate) fn violated(
+        &self,
+        answers: &[Option<Result<Decision, crate::store::StoreError>>],
+    ) -> Violated<'_> {
+        Violated::from_names(
+            self.limits
+                .iter()
+                .zip(answers)
+                .filter(|(_, answer)| matches!(answer, Some(Ok(d)) if !d.is_allowed()))
+                .map(|(limit, _)| &*limit.name),
+        )
     }
 
     /// What a response reports for policy `i`'s `decision`.
