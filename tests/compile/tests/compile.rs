@@ -12,6 +12,6 @@
 #[test]
 fn intended_uses_compile_and_misuses_do_not() {
     let t = trybuild::TestCases::new();
-    t.pass("tests/compile/pass/*.rs");
-    t.compile_fail("tests/compile/fail/*.rs");
+    t.pass("pass/*.rs");
+    t.compile_fail("fail/*.rs");
 }
