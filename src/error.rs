@@ -70,8 +70,10 @@ pub enum ConfigError {
         /// The shared name.
         name: String,
     },
-    /// A policy name is not printable ASCII, so it cannot go into a
-    /// `RateLimit` header field.
+    /// A policy name that is empty, longer than
+    /// [`Policy::MAX_NAME_LEN`](crate::Policy::MAX_NAME_LEN) or holds
+    /// something other than visible ASCII without `"`, `\`, `{` and `}` (it goes
+    /// as it is into headers, bodies, metric labels and Redis keys).
     InvalidPolicyName {
         /// The name.
         name: String,
@@ -154,10 +156,11 @@ pub enum ConfigError {
         /// The prefix.
         prefix: String,
     },
-    /// A table of tiers without any tier.
+    /// A table of tiers without any tier, or a layer keyed by a tiered
+    /// extractor built without its table.
     NoTiers,
-    /// A tier name that is empty, not printable ASCII, or holds `{` or `}`
-    /// (it goes into headers, metric labels and Redis key prefixes).
+    /// A tier name that breaks the rule of policy names (see
+    /// [`InvalidPolicyName`](ConfigError::InvalidPolicyName)).
     InvalidTierName {
         /// The name.
         name: String,
@@ -176,19 +179,17 @@ pub enum ConfigError {
     /// ([`Store::reconfigured`](crate::Store::reconfigured) is not
     /// implemented for it).
     PolicyFixed,
-    /// The extractor names tiers ([`tiered_key_fn`](crate::tiered_key_fn))
-    /// and the layer has policies instead of
-    /// [`tiers`](crate::SlidingWindowLayerBuilder::tiers), or the layer has
-    /// tiers and the extractor names none.
-    TiersAndExtractorDisagree {
-        /// True when the layer has tiers (and the extractor names none).
-        layer_has_tiers: bool,
-    },
-    /// A setting a layer of tiers does not support (waiting, backpressure, a
-    /// fallback key).
+    /// A setting a layer of tiers does not support (a fallback key), or a
+    /// change of tiers on a layer of policies.
     NotWithTiers {
         /// The setting.
         setting: &'static str,
+    },
+    /// A change of one tier names a tier the table does not have (a typo, or
+    /// a tier to add: [`add_tier`](crate::layer::TierHandle::add_tier)).
+    UnknownTier {
+        /// The name.
+        name: String,
     },
     /// The tier that requests of an unknown tier go to is not in the table.
     UnknownFallbackTier {
@@ -227,7 +228,8 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::InvalidPolicyName { name } => write!(
                 f,
-                "policy name {name:?} is not printable ASCII (it goes into RateLimit headers)"
+                "policy name {} must be {NAME_RULE}",
+                Shown(name)
             ),
             ConfigError::InvalidStatus { status } => {
                 write!(f, "rejection status {status} is not a 4xx or 5xx status")
@@ -272,13 +274,11 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
             ConfigError::NoTiers => f.write_str("a table of tiers needs at least one tier"),
-            ConfigError::InvalidTierName { name } => write!(
-                f,
-                "tier name {name:?} must be non-empty printable ASCII without '{{' or '}}' \
-                 (it goes into headers, metric labels and Redis keys)"
-            ),
+            ConfigError::InvalidTierName { name } => {
+                write!(f, "tier name {} must be {NAME_RULE}", Shown(name))
+            }
             ConfigError::DuplicateTier { name } => {
-                write!(f, "two tiers are named {name:?}; give each a distinct name")
+                write!(f, "two tiers are named {}; give each a distinct name", Shown(name))
             }
             ConfigError::TierWithoutPolicies { tier } => write!(
                 f,
@@ -287,15 +287,14 @@ impl fmt::Display for ConfigError {
             ConfigError::PolicyFixed => {
                 f.write_str("this store cannot change its policy at run time")
             }
-            ConfigError::TiersAndExtractorDisagree { layer_has_tiers: true } => f.write_str(
-                "the layer has tiers but its extractor names none: key requests with tiered_key_fn",
-            ),
-            ConfigError::TiersAndExtractorDisagree { layer_has_tiers: false } => f.write_str(
-                "the extractor names a tier for each request but the layer has policies: give it tiers()",
-            ),
             ConfigError::NotWithTiers { setting } => {
                 write!(f, "{setting} is not supported by a layer of tiers")
             }
+            ConfigError::UnknownTier { name } => write!(
+                f,
+                "the table has no tier named {}; add a tier with add_tier",
+                Shown(name)
+            ),
             ConfigError::UnknownFallbackTier { name } => {
                 write!(f, "the fallback tier {name:?} is not in the table of tiers")
             }
@@ -317,6 +316,24 @@ impl fmt::Display for ConfigError {
                 "Redis key prefix {prefix:?} contains '{{' or '}}' (the policy name is part of \
                  the default prefix; set .prefix())"
             ),
+        }
+    }
+}
+
+/// What a policy or tier name may be, for messages.
+const NAME_RULE: &str = "1 to 64 visible ASCII characters other than '\"', '\\', '{' and '}' \
+     (names go as they are into headers, bodies, metric labels and Redis keys)";
+
+/// A name as a message quotes it: debug-escaped, and cut short when long, so
+/// that a mebibyte of name makes a short message.
+struct Shown<'a>(&'a str);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 80;
+        match self.0.char_indices().nth(SHOWN) {
+            None => write!(f, "{:?}", self.0),
+            Some((end, _)) => write!(f, "{:?}... ({} bytes)", &self.0[..end], self.0.len()),
         }
     }
 }

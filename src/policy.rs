@@ -95,6 +95,8 @@ impl Policy {
     pub const MAX_WINDOW: Duration = Duration::from_nanos(1 << 62);
     /// The name a policy has unless it is given one.
     pub const DEFAULT_NAME: &'static str = "default";
+    /// The longest name a policy or a [tier](crate::Tiers) may have, in bytes.
+    pub const MAX_NAME_LEN: usize = 64;
 
     /// Start building a policy.
     pub fn builder() -> PolicyBuilder {
@@ -148,7 +150,9 @@ impl Policy {
         &self.name
     }
 
-    /// The same policy under another name.
+    /// The same policy under another name. The name is checked where the
+    /// policy is used (a layer's or a table's `build`), as
+    /// [`PolicyBuilder::name`] says.
     pub fn with_name(mut self, name: impl Into<String>) -> Policy {
         self.name = name.into();
         self
@@ -158,13 +162,20 @@ impl Policy {
 /// Parses the notation people write limits in: `"100/min"`, `"10/s"`,
 /// `"5000/h"`, `"100 per 30s"`, `"20 per 1m30s"`.
 ///
-/// The form is `<limit>/<window>` or `<limit> per <window>`. The window is a
-/// unit with an optional count before it: `ms`, `s`/`sec`/`second(s)`,
-/// `m`/`min`/`minute(s)`, `h`/`hr`/`hour(s)`, `d`/`day(s)`, and several may
-/// follow each other (`1h30m`). Case and spaces around the parts do not
-/// matter. The policy gets the defaults ([`Policy::DEFAULT_BUCKETS`] buckets,
-/// strict precision, the name `"default"`); use
-/// [`Policy::builder`] to change those.
+/// The form is `<limit>/<window>` or `<limit> per <window>`:
+///
+/// - the limit is a whole number of ASCII digits, which `_` may group
+///   between digits as in Rust and TOML (`1_000`); no sign;
+/// - the window is a unit alone (`min`) or one or more terms of a count and
+///   a unit (`30s`, `1h30m`, `2 days`), each unit at most once and the
+///   largest first. Units: `ms`, `s`/`sec`/`second(s)`,
+///   `m`/`min`/`minute(s)`, `h`/`hr`/`hour(s)`, `d`/`day(s)`.
+///
+/// Case does not matter, and ASCII spaces and tabs may stand around the
+/// parts; other characters (a Unicode space, a `+`) are errors that say
+/// what was expected. The policy gets the defaults
+/// ([`Policy::DEFAULT_BUCKETS`] buckets, strict precision, the name
+/// `"default"`); use [`Policy::builder`] to change those.
 ///
 /// ```
 /// use std::time::Duration;
@@ -179,21 +190,27 @@ impl Policy {
 /// let err = "100/fortnight".parse::<Policy>().unwrap_err();
 /// assert!(matches!(err, PolicyParseError::Window { .. }));
 /// assert!(err.to_string().contains("fortnight"));
+///
+/// // A unit without its count stands alone: "min min" is not 2 minutes.
+/// let err = "1/min min".parse::<Policy>().unwrap_err();
+/// assert!(matches!(err, PolicyParseError::Window { .. }));
 /// ```
 impl FromStr for Policy {
     type Err = PolicyParseError;
 
     fn from_str(text: &str) -> Result<Policy, PolicyParseError> {
-        let (limit, window) = split_notation(text).ok_or_else(|| PolicyParseError::Syntax {
-            text: text.to_owned(),
-        })?;
-        // `1_000` reads as it does in Rust and TOML.
-        let digits: String = limit.chars().filter(|&c| c != '_').collect();
-        let limit = digits.parse::<u32>().map_err(|_| PolicyParseError::Limit {
+        let (limit, window) =
+            split_notation(text).map_err(|expected| PolicyParseError::Syntax {
+                text: text.to_owned(),
+                expected,
+            })?;
+        let limit = parse_limit(limit).map_err(|expected| PolicyParseError::Limit {
             text: limit.to_owned(),
+            expected,
         })?;
-        let window = parse_window(window).ok_or_else(|| PolicyParseError::Window {
+        let window = parse_window(window).map_err(|expected| PolicyParseError::Window {
             text: window.to_owned(),
+            expected,
         })?;
         Policy::per(limit, window).map_err(PolicyParseError::Invalid)
     }
@@ -244,8 +261,11 @@ impl<'de> serde::Deserialize<'de> for Policy {
 
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Policy, A::Error> {
                 let t = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                let window = parse_window(&t.window).ok_or_else(|| {
-                    de::Error::custom(PolicyParseError::Window { text: t.window })
+                let window = parse_window(&t.window).map_err(|expected| {
+                    de::Error::custom(PolicyParseError::Window {
+                        text: t.window.clone(),
+                        expected,
+                    })
                 })?;
                 let mut builder = Policy::builder().limit(t.limit).window(window);
                 if let Some(buckets) = t.buckets {
@@ -268,50 +288,118 @@ impl<'de> serde::Deserialize<'de> for Policy {
     }
 }
 
+/// Spaces the notation allows around its parts: ASCII ones only, so that a
+/// look-alike (a no-break space, an em space) is an error rather than a
+/// separator the reader cannot see.
+fn is_space(c: char) -> bool {
+    c == ' ' || c == '\t'
+}
+
+fn trim_spaces(text: &str) -> &str {
+    text.trim_matches(is_space)
+}
+
+const NOTATION: &str = "`<limit>/<window>` or `<limit> per <window>`, \
+     with ASCII spaces between the parts (\"100/min\", \"100 per 30s\")";
+
 /// `"<limit>/<window>"` or `"<limit> per <window>"`, each part trimmed and non-empty.
-fn split_notation(text: &str) -> Option<(&str, &str)> {
-    let text = text.trim();
+fn split_notation(text: &str) -> Result<(&str, &str), &'static str> {
+    let text = trim_spaces(text);
     let (limit, window) = match text.split_once('/') {
         Some(parts) => parts,
         None => {
-            let at = text.find(|c: char| !c.is_ascii_digit() && c != '_')?;
-            let (limit, rest) = text.split_at(at);
-            let rest = rest.trim_start();
-            let word = rest.get(..3).filter(|w| w.eq_ignore_ascii_case("per"))?;
-            let window = &rest[word.len()..];
-            // "per" must stand alone: "100 permin" is not the notation.
-            if !window.starts_with(char::is_whitespace) {
-                return None;
-            }
+            // "per" stands alone between spaces: "100 permin" and
+            // "100\u{a0}per 30s" are not the notation.
+            let (limit, rest) = text.split_once(is_space).ok_or(NOTATION)?;
+            let rest = rest.trim_start_matches(is_space);
+            let word = rest
+                .get(..3)
+                .filter(|w| w.eq_ignore_ascii_case("per"))
+                .ok_or(NOTATION)?;
+            let window = rest[word.len()..].strip_prefix(is_space).ok_or(NOTATION)?;
             (limit, window)
         }
     };
-    let (limit, window) = (limit.trim(), window.trim());
-    (!limit.is_empty() && !window.is_empty()).then_some((limit, window))
+    let (limit, window) = (trim_spaces(limit), trim_spaces(window));
+    if limit.is_empty() || window.is_empty() {
+        return Err(NOTATION);
+    }
+    Ok((limit, window))
 }
 
-/// A sum of `[count]unit` terms: `"min"`, `"30s"`, `"1h30m"`, `"2 days"`.
-fn parse_window(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
+/// ASCII digits, grouped by `_` between digits (`1_000`), as in Rust and TOML.
+fn parse_limit(text: &str) -> Result<u32, &'static str> {
+    const DIGITS: &str = "a whole number of ASCII digits, without a sign, \
+         which `_` may group between digits (\"1_000\")";
+    let bytes = text.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        let between_digits = || {
+            i > 0
+                && i + 1 < bytes.len()
+                && bytes[i - 1].is_ascii_digit()
+                && bytes[i + 1].is_ascii_digit()
+        };
+        if !(b.is_ascii_digit() || b == b'_' && between_digits()) {
+            return Err(DIGITS);
+        }
+    }
+    let digits: String = text.chars().filter(|&c| c != '_').collect();
+    digits
+        .parse::<u32>()
+        .map_err(|_| "a whole number no larger than 4294967295")
+}
+
+/// A unit alone (`"min"`), or `[count]unit` terms with each count given, each
+/// unit once and the largest first: `"30s"`, `"1h30m"`, `"2 days"`.
+fn parse_window(text: &str) -> Result<Duration, &'static str> {
+    const TERMS: &str = "a unit alone (\"min\") or terms of a count and a unit, \
+         the largest unit first (\"30s\", \"1h30m\"); units ms, s, min, h, d";
+    const COUNTED: &str = "a unit without a count stands alone (\"min\"); \
+         with several terms each has its count (\"1h30m\", not \"h 30m\")";
+    const ORDER: &str = "each unit at most once, the largest first (\"1h30m\", not \"30m1h\")";
+    let mut rest = trim_spaces(text);
     let mut total = Duration::ZERO;
+    let mut terms = 0;
+    let mut bare = false;
+    let mut last_unit = u64::MAX;
     while !rest.is_empty() {
         let digits = rest
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(rest.len());
         let count = match digits {
-            0 => 1,
-            n => rest[..n].parse::<u64>().ok()?,
+            0 => None,
+            n => Some(rest[..n].parse::<u64>().map_err(|_| "a shorter window")?),
         };
-        rest = rest[digits..].trim_start();
+        rest = rest[digits..].trim_start_matches(is_space);
         let letters = rest
             .find(|c: char| !c.is_ascii_alphabetic())
             .unwrap_or(rest.len());
-        let unit = unit_nanos(&rest[..letters])?;
-        rest = rest[letters..].trim_start();
-        let nanos = count.checked_mul(unit)?;
-        total = total.checked_add(Duration::from_nanos(nanos))?;
+        if letters == 0 {
+            return Err(TERMS);
+        }
+        let unit = unit_nanos(&rest[..letters]).ok_or(TERMS)?;
+        rest = rest[letters..].trim_start_matches(is_space);
+        terms += 1;
+        bare |= count.is_none();
+        if bare && terms > 1 {
+            return Err(COUNTED);
+        }
+        if unit >= last_unit {
+            return Err(ORDER);
+        }
+        last_unit = unit;
+        let nanos = count
+            .unwrap_or(1)
+            .checked_mul(unit)
+            .ok_or("a shorter window")?;
+        total = total
+            .checked_add(Duration::from_nanos(nanos))
+            .ok_or("a shorter window")?;
     }
-    Some(total)
+    if terms == 0 {
+        return Err(TERMS);
+    }
+    Ok(total)
 }
 
 fn unit_nanos(unit: &str) -> Option<u64> {
@@ -327,6 +415,17 @@ fn unit_nanos(unit: &str) -> Option<u64> {
     })
 }
 
+/// True for a policy or tier name that can be written as it is wherever names
+/// go: 1 to [`Policy::MAX_NAME_LEN`] visible ASCII characters other than `"`
+/// and `\` (escaped in a structured-field string or JSON) and `{` and `}` (a
+/// Redis Cluster hash tag).
+pub(crate) fn is_valid_name(name: &str) -> bool {
+    (1..=Policy::MAX_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'{' | b'}'))
+}
+
 /// Why a policy's text notation was rejected; see [`Policy`]'s `FromStr`.
 ///
 /// Each variant keeps the part of the text at fault, so the message can
@@ -338,17 +437,23 @@ pub enum PolicyParseError {
     Syntax {
         /// The whole text.
         text: String,
+        /// What the notation expects.
+        expected: &'static str,
     },
-    /// The limit is not a whole number that fits in 32 bits.
+    /// The limit is not a whole number of ASCII digits that fits in 32 bits.
     Limit {
         /// The limit part.
         text: String,
+        /// What a limit is written as.
+        expected: &'static str,
     },
-    /// The window is not a sum of `[count]unit` terms with a known unit, or
-    /// it overflows.
+    /// The window is not a unit alone or a sum of `<count><unit>` terms with
+    /// known units, each once and the largest first, or it overflows.
     Window {
         /// The window part.
         text: String,
+        /// What a window is written as.
+        expected: &'static str,
     },
     /// The notation parsed but the policy is invalid (a zero limit or
     /// window, a window too long, ...).
@@ -357,21 +462,16 @@ pub enum PolicyParseError {
 
 impl fmt::Display for PolicyParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const FORMS: &str = "write e.g. \"100/min\", \"10/s\", \"5000/h\" or \"100 per 30s\"";
         match self {
-            PolicyParseError::Syntax { text } => {
-                write!(f, "{text:?} is not a rate limit; {FORMS}")
+            PolicyParseError::Syntax { text, expected } => {
+                write!(f, "{text:?} is not a rate limit: expected {expected}")
             }
-            PolicyParseError::Limit { text } => write!(
-                f,
-                "limit {text:?} is not a whole number from 1 to {}",
-                u32::MAX
-            ),
-            PolicyParseError::Window { text } => write!(
-                f,
-                "window {text:?} is not a duration; use units ms, s, min, h or d \
-                 with an optional count (\"30s\", \"1h30m\")"
-            ),
+            PolicyParseError::Limit { text, expected } => {
+                write!(f, "limit {text:?} is not valid: expected {expected}")
+            }
+            PolicyParseError::Window { text, expected } => {
+                write!(f, "window {text:?} is not valid: expected {expected}")
+            }
             PolicyParseError::Invalid(err) => write!(f, "invalid rate limit: {err}"),
         }
     }
@@ -435,6 +535,26 @@ impl PolicyBuilder {
     }
 
     /// A name for headers such as `RateLimit-Policy` (default `"default"`).
+    ///
+    /// A name goes as it is into the `RateLimit` and `RateLimit-Policy`
+    /// fields (as a structured-field string), problem-details bodies, metric
+    /// labels, log events and the Redis store's default key prefix, so it is
+    /// checked rather than escaped: 1 to [`Policy::MAX_NAME_LEN`] visible
+    /// ASCII characters other than `"`, `\`, `{` and `}` (no spaces, no
+    /// quotes or backslashes to escape, no braces that would move a Redis
+    /// Cluster hash tag). Anything else is [`ConfigError::InvalidPolicyName`]
+    /// from [`build`](Self::build).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{ConfigError, Policy};
+    ///
+    /// let policy = |name: &str| Policy::builder().name(name).limit(1).window(Duration::from_secs(1)).build();
+    /// assert!(policy("per-ip:10/s").is_ok());
+    /// for bad in ["", "a \"quoted\" name", "{x}", "naïve", &"x".repeat(65)] {
+    ///     assert!(matches!(policy(bad), Err(ConfigError::InvalidPolicyName { .. })));
+    /// }
+    /// ```
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
@@ -468,6 +588,9 @@ impl PolicyBuilder {
                 bucket: self.window / self.buckets,
                 resolution: Duration::from_nanos(1),
             });
+        }
+        if !is_valid_name(&self.name) {
+            return Err(ConfigError::InvalidPolicyName { name: self.name });
         }
         Ok(Policy {
             limit: self.limit,
@@ -508,6 +631,51 @@ mod tests {
             Err(ConfigError::BucketBelowClockResolution { .. })
         ));
         assert!(ok().build().is_ok());
+    }
+
+    #[test]
+    fn names_are_checked_not_escaped() {
+        let named = |name: &str| {
+            Policy::builder()
+                .name(name)
+                .limit(1)
+                .window(Duration::from_secs(1))
+                .build()
+        };
+        let mebibyte = "n".repeat(1 << 20);
+        let longest = "n".repeat(Policy::MAX_NAME_LEN);
+        for bad in [
+            "",
+            "\"",
+            "say \"hi\"",
+            "back\\slash",
+            "{x}",
+            "a{b",
+            "spaced name",
+            "tab\there",
+            "naïve",
+            "\u{7f}",
+            &mebibyte,
+            &longest[1..].replace('n', "é"),
+        ] {
+            let err = named(bad).expect_err(bad);
+            assert!(matches!(&err, ConfigError::InvalidPolicyName { name } if name == bad));
+            // The message shows a long name cut short, not a mebibyte of it.
+            assert!(
+                err.to_string().len() < 400,
+                "{} bytes",
+                err.to_string().len()
+            );
+        }
+        for good in [
+            longest.as_str(),
+            "per-ip",
+            "10/1s",
+            "a.b:c_d+e@f%",
+            "default",
+        ] {
+            assert_eq!(named(good).unwrap().name(), good);
+        }
     }
 
     #[test]
@@ -586,6 +754,190 @@ mod tests {
         ));
         assert!(err("1/fortnight").to_string().contains("\"fortnight\""));
         assert!(err("0/min").source().is_some());
+    }
+
+    #[test]
+    fn refuses_what_reads_as_a_limit_but_is_not_one() {
+        let err = |text: &str| {
+            text.parse::<Policy>()
+                .expect_err(&format!("{text:?} parsed"))
+        };
+        // A unit without a count stands alone: these are not 2 ms, 3 min, 2 s.
+        for text in ["1/ms ms", "1/min min min", "1/sec s", "1/h 30m", "1/s 1s"] {
+            let e = err(text);
+            assert!(
+                matches!(e, PolicyParseError::Window { .. }),
+                "{text:?}: {e:?}"
+            );
+            assert!(e.to_string().contains("expected"), "{e}");
+        }
+        // Each unit once, the largest first.
+        for text in ["1/30m1h", "1/1m1m", "1/1s1ms1s", "1/1m 1min"] {
+            assert!(
+                matches!(err(text), PolicyParseError::Window { .. }),
+                "{text:?}"
+            );
+        }
+        // Digits, no sign, `_` only between digits.
+        for text in [
+            "+1/s",
+            "1__/min",
+            "_1_/min",
+            "1__000/min",
+            "1_/s",
+            "_1/s",
+            "+1 per s",
+        ] {
+            let e = err(text);
+            assert!(
+                matches!(e, PolicyParseError::Limit { .. }),
+                "{text:?}: {e:?}"
+            );
+            assert!(e.to_string().contains("digits"), "{e}");
+        }
+        // ASCII spaces only: a Unicode space around `per` (or the slash, or
+        // the ends) is not a separator.
+        for space in ['\u{a0}', '\u{2003}', '\u{3000}', '\u{202f}', '\u{85}'] {
+            for text in [
+                format!("100{space}per 30s"),
+                format!("100 per{space}30s"),
+                format!("100{space}per{space}30s"),
+                format!("100/{space}min"),
+                format!("100{space}/min"),
+                format!("{space}100/min"),
+                format!("100/min{space}"),
+                format!("100/1h{space}30m"),
+            ] {
+                let e = err(&text);
+                assert!(
+                    !matches!(e, PolicyParseError::Invalid(_)),
+                    "{text:?}: {e:?}"
+                );
+            }
+        }
+        // What the notation still takes.
+        for (text, limit, secs) in [
+            ("1_000/min", 1000, 60),
+            ("1_0_0 per\t2 days", 100, 172_800),
+            ("\t5 PER 1h 30m 15s ", 5, 5415),
+            ("3/1d1h1m1s", 3, 90_061),
+        ] {
+            let p: Policy = text.parse().unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(
+                (p.limit(), p.window()),
+                (limit, Duration::from_secs(secs)),
+                "{text:?}"
+            );
+        }
+        let p: Policy = "1/1s500ms".parse().unwrap();
+        assert_eq!(p.window(), Duration::from_millis(1500));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Text near the notation: digits, units, separators, signs and
+        /// Unicode spaces, in any order.
+        fn near_notation() -> impl Strategy<Value = String> {
+            let piece = prop::sample::select(vec![
+                "1",
+                "0",
+                "42",
+                "4294967295",
+                "4294967296",
+                "_",
+                "/",
+                " ",
+                "\t",
+                "per",
+                "PER",
+                "ms",
+                "s",
+                "sec",
+                "m",
+                "min",
+                "h",
+                "hours",
+                "d",
+                "+",
+                "-",
+                ".",
+                "\u{a0}",
+                "\u{2003}",
+                "é",
+                "99999999999999999999",
+            ]);
+            prop::collection::vec(piece, 0..12).prop_map(|pieces| pieces.concat())
+        }
+
+        /// A window in whole milliseconds written as terms, largest first.
+        fn written(window_ms: u64) -> String {
+            let units = [
+                (86_400_000, "d"),
+                (3_600_000, "h"),
+                (60_000, "min"),
+                (1000, "s"),
+                (1, "ms"),
+            ];
+            let mut rest = window_ms;
+            let mut out = String::new();
+            for (size, unit) in units {
+                if rest >= size {
+                    out.push_str(&format!("{}{unit}", rest / size));
+                    rest %= size;
+                }
+            }
+            out
+        }
+
+        /// `n` with its digits grouped by three, as `1_000_000`.
+        fn grouped(n: u32) -> String {
+            let digits = n.to_string();
+            let mut out = String::new();
+            for (i, c) in digits.chars().enumerate() {
+                if i > 0 && (digits.len() - i) % 3 == 0 {
+                    out.push('_');
+                }
+                out.push(c);
+            }
+            out
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            #[test]
+            fn any_text_parses_or_is_an_error_never_a_panic(text in any::<String>()) {
+                let _ = text.parse::<Policy>();
+            }
+
+            #[test]
+            fn text_near_the_notation_parses_or_is_an_error_never_a_panic(text in near_notation()) {
+                if let Err(e) = text.parse::<Policy>() {
+                    // Every error says something, naming what was expected.
+                    prop_assert!(!e.to_string().is_empty());
+                }
+            }
+
+            #[test]
+            fn a_written_policy_reads_back_as_written(
+                limit in 1..=u32::MAX,
+                window_ms in 1..=100 * 86_400_000u64,
+                per in any::<bool>(),
+                group in any::<bool>(),
+            ) {
+                let limit_text = if group { grouped(limit) } else { limit.to_string() };
+                let text = if per {
+                    format!("{limit_text} per {}", written(window_ms))
+                } else {
+                    format!("{limit_text}/{}", written(window_ms))
+                };
+                let p: Policy = text.parse().map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+                prop_assert_eq!(p.limit(), limit);
+                prop_assert_eq!(p.window(), Duration::from_millis(window_ms));
+            }
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! The guide's [tiers chapter](crate::guide::tiers) puts it together.
 
 use crate::error::ConfigError;
-use crate::policy::Policy;
+use crate::policy::{is_valid_name, Policy};
+use std::collections::hash_map::{Entry, HashMap};
 
 /// The most policies one layer (or one tier) decides at once: decisions for
 /// all of them are kept on the stack while a request is decided.
@@ -43,12 +44,20 @@ impl TierLimits {
 /// A validated table of tiers by name, in the order they were added (from
 /// configuration, in the order the format hands them over).
 ///
+/// Tier names, like policy names, go as they are into the rate-limit
+/// headers, problem-details bodies, metric labels and Redis keys, so they are
+/// checked when the table is built rather than escaped where they are
+/// written: see [`TiersBuilder::build`].
+///
 /// Each tier is [limited](TierLimits::Limited) by one or several policies,
 /// [unlimited](TierLimits::Unlimited) or [denied](TierLimits::Denied). A policy
-/// left with the default name takes its tier's name (`"free"`), or with
-/// several in a tier, the tier's name and its position (`"paid-1"`,
-/// `"paid-2"`); those names go into the `RateLimit` headers, the metrics and
-/// the Redis keys.
+/// left with the default name is named by its position: the first takes its
+/// tier's name (`"paid"`), the others the tier's name and their position
+/// (`"paid-2"`, `"paid-3"`), so a policy added at the end of a tier's list
+/// renames none before it. Those names go into the `RateLimit` headers, the
+/// metrics and the Redis keys, and a change of the table keeps a policy's
+/// counts by its name: name policies yourself (`name = "hourly"`) where a
+/// tier's list may change other than at its end.
 ///
 /// ```
 /// use tower_sliding_window::{Tiers, TierLimits};
@@ -61,6 +70,7 @@ impl TierLimits {
 ///     .denied("suspended")
 ///     .build()?;
 /// assert_eq!(tiers.get("free").unwrap().policies()[0].name(), "free");
+/// assert_eq!(tiers.get("paid").unwrap().policies()[0].name(), "paid");
 /// assert_eq!(tiers.get("paid").unwrap().policies()[1].name(), "paid-2");
 /// assert_eq!(tiers.get("internal"), Some(&TierLimits::Unlimited));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -82,6 +92,10 @@ impl TierLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tiers {
     tiers: Vec<(String, TierLimits)>,
+    /// Each tier's position by name: lookups, and the check for a name used
+    /// twice, take constant time, so a table of many tiers builds and
+    /// changes in time linear in its size.
+    index: HashMap<Box<str>, usize>,
 }
 
 impl Tiers {
@@ -92,10 +106,8 @@ impl Tiers {
 
     /// The tier named `name`.
     pub fn get(&self, name: &str) -> Option<&TierLimits> {
-        self.tiers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, limits)| limits)
+        let &at = self.index.get(name)?;
+        Some(&self.tiers[at].1)
     }
 
     /// Every tier, in the order it was added.
@@ -115,19 +127,41 @@ impl Tiers {
         self.tiers.is_empty()
     }
 
-    /// This table with tier `name` set to `limits` (replaced in place, or
-    /// added last), validated as the builder validates.
-    pub(crate) fn with_tier(&self, name: &str, limits: TierLimits) -> Result<Tiers, ConfigError> {
-        let mut builder = Tiers::builder();
+    /// No tier: only for a handle on a layer without tiers, which the
+    /// builder's types rule out.
+    pub(crate) fn none() -> Tiers {
+        Tiers {
+            tiers: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// This table with tier `name`, which it must have
+    /// ([`ConfigError::UnknownTier`]), set to `limits`, validated as the
+    /// builder validates.
+    pub(crate) fn replacing(&self, name: &str, limits: TierLimits) -> Result<Tiers, ConfigError> {
+        let Some(&at) = self.index.get(name) else {
+            return Err(ConfigError::UnknownTier {
+                name: name.to_owned(),
+            });
+        };
         let mut limits = Some(limits);
-        for (tier, current) in self.iter() {
-            let replaced = if tier == name { limits.take() } else { None };
-            builder = builder.tier(tier, replaced.unwrap_or_else(|| current.clone()));
+        let tiers = self.tiers.iter().enumerate().map(|(i, (tier, current))| {
+            let replaced = if i == at { limits.take() } else { None };
+            (tier.clone(), replaced.unwrap_or_else(|| current.clone()))
+        });
+        TiersBuilder {
+            tiers: tiers.collect(),
         }
-        if let Some(limits) = limits {
-            builder = builder.tier(name, limits);
-        }
-        builder.build()
+        .build()
+    }
+
+    /// This table with tier `name`, which it must not have
+    /// ([`ConfigError::DuplicateTier`]), added last.
+    pub(crate) fn adding(&self, name: &str, limits: TierLimits) -> Result<Tiers, ConfigError> {
+        let mut tiers = self.tiers.clone();
+        tiers.push((name.to_owned(), limits));
+        TiersBuilder { tiers }.build()
     }
 }
 
@@ -166,23 +200,27 @@ impl TiersBuilder {
 
     /// Validate the table and name its policies.
     ///
-    /// Errors: no tier ([`ConfigError::NoTiers`]), a tier name that is empty,
-    /// not printable ASCII or holds `{` or `}` ([`ConfigError::InvalidTierName`]),
-    /// a name used twice ([`ConfigError::DuplicateTier`]), a limited tier
-    /// without policies or with more than [`MAX_POLICIES`], and policy names
-    /// that are not printable ASCII or are used twice in a tier.
+    /// Errors: no tier ([`ConfigError::NoTiers`]), a tier name that is not
+    /// a valid name ([`ConfigError::InvalidTierName`]: names follow the
+    /// rule of [policy names](crate::PolicyBuilder::name), 1 to
+    /// [`Policy::MAX_NAME_LEN`] visible ASCII characters other than `"`,
+    /// `\`, `{` and `}`), a name used twice ([`ConfigError::DuplicateTier`]), a
+    /// limited tier without policies or with more than [`MAX_POLICIES`], and
+    /// policy names that are not valid or are used twice in a tier.
     pub fn build(self) -> Result<Tiers, ConfigError> {
         if self.tiers.is_empty() {
             return Err(ConfigError::NoTiers);
         }
         let mut tiers: Vec<(String, TierLimits)> = Vec::with_capacity(self.tiers.len());
+        let mut index = HashMap::with_capacity(self.tiers.len());
         for (name, limits) in self.tiers {
-            if !is_valid_tier_name(&name) {
+            if !is_valid_name(&name) {
                 return Err(ConfigError::InvalidTierName { name });
             }
-            if tiers.iter().any(|(n, _)| *n == name) {
-                return Err(ConfigError::DuplicateTier { name });
-            }
+            match index.entry(Box::from(name.as_str())) {
+                Entry::Occupied(_) => return Err(ConfigError::DuplicateTier { name }),
+                Entry::Vacant(slot) => slot.insert(tiers.len()),
+            };
             let limits = match limits {
                 TierLimits::Limited(policies) => {
                     TierLimits::Limited(name_policies(&name, policies)?)
@@ -191,17 +229,8 @@ impl TiersBuilder {
             };
             tiers.push((name, limits));
         }
-        Ok(Tiers { tiers })
+        Ok(Tiers { tiers, index })
     }
-}
-
-/// A tier name goes into headers (printable ASCII), Redis key prefixes (no
-/// hash-tag braces) and metric labels.
-fn is_valid_tier_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| (0x20..=0x7e).contains(&b) && b != b'{' && b != b'}')
 }
 
 /// Give default-named policies their tier's name, and check the tier's list.
@@ -217,20 +246,20 @@ fn name_policies(tier: &str, policies: Vec<Policy>) -> Result<Vec<Policy>, Confi
             max: MAX_POLICIES,
         });
     }
-    let several = policies.len() > 1;
     let mut named: Vec<Policy> = Vec::with_capacity(policies.len());
     for (i, policy) in policies.into_iter().enumerate() {
         let policy = if policy.name() == Policy::DEFAULT_NAME {
-            let name = if several {
-                format!("{tier}-{}", i + 1)
-            } else {
-                tier.to_owned()
+            // The first is the tier's name whether others follow or not, so
+            // that a policy added at the end renames none before it.
+            let name = match i {
+                0 => tier.to_owned(),
+                _ => format!("{tier}-{}", i + 1),
             };
             policy.with_name(name)
         } else {
             policy
         };
-        if !policy.name().bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        if !is_valid_name(policy.name()) {
             return Err(ConfigError::InvalidPolicyName {
                 name: policy.name().to_owned(),
             });
@@ -434,7 +463,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(names("free"), ["free"]);
-        assert_eq!(names("paid"), ["paid-1", "paid-2"]);
+        assert_eq!(names("paid"), ["paid", "paid-2"]);
         assert_eq!(names("mixed"), ["burst", "mixed-2"]);
         assert!(names("internal").is_empty());
         assert_eq!(tiers.len(), 5);
@@ -461,19 +490,73 @@ mod tests {
         }
     }
 
+    /// The duplicate check and the lookups take constant time: a table of
+    /// 100 000 tiers builds, answers and changes in time linear in its size
+    /// (checking each name against all those before it took minutes here).
+    /// `benches/tiers.rs` times it.
+    #[test]
+    fn a_table_of_100_000_tiers_builds_and_changes_in_linear_time() {
+        const TIERS: usize = 100_000;
+        let name = |i: usize| format!("customer-{i:06}");
+        let table = (0..TIERS)
+            .fold(Tiers::builder(), |b, i| b.limited(name(i), [per_min(100)]))
+            .build()
+            .unwrap();
+        assert_eq!(table.len(), TIERS);
+        for i in (0..TIERS).step_by(997) {
+            assert_eq!(table.get(&name(i)).unwrap().policies()[0].name(), name(i));
+        }
+        let changed = table
+            .replacing(&name(TIERS - 1), TierLimits::Denied)
+            .unwrap();
+        assert_eq!(changed.get(&name(TIERS - 1)), Some(&TierLimits::Denied));
+        assert_eq!(changed.iter().last().unwrap().0, name(TIERS - 1));
+        let added = changed.adding("one-more", TierLimits::Unlimited).unwrap();
+        assert_eq!(added.iter().last().unwrap().0, "one-more");
+        assert!(matches!(
+            added.replacing("no-such-tier", TierLimits::Denied),
+            Err(ConfigError::UnknownTier { name }) if name == "no-such-tier"
+        ));
+        assert!(matches!(
+            added.adding("one-more", TierLimits::Denied),
+            Err(ConfigError::DuplicateTier { name }) if name == "one-more"
+        ));
+        // The name used twice is found wherever it is.
+        let twice = (0..TIERS)
+            .fold(Tiers::builder(), |b, i| b.unlimited(name(i)))
+            .unlimited(name(TIERS / 2))
+            .build();
+        assert!(
+            matches!(twice, Err(ConfigError::DuplicateTier { name: n }) if n == name(TIERS / 2))
+        );
+    }
+
     #[test]
     fn rejects_each_mistake_with_its_own_error() {
         let build = |b: TiersBuilder| b.build().unwrap_err();
         assert!(matches!(build(Tiers::builder()), ConfigError::NoTiers));
-        for name in ["", "a{b}", "tab\there", "é"] {
+        let mebibyte = "t".repeat(1 << 20);
+        for name in [
+            "",
+            "a{b}",
+            "{x}",
+            "\"",
+            "say \"hi\"",
+            "back\\slash",
+            "tab\there",
+            "two words",
+            "é",
+            &mebibyte,
+        ] {
+            let err = build(Tiers::builder().unlimited(name));
             assert!(
-                matches!(
-                    build(Tiers::builder().unlimited(name)),
-                    ConfigError::InvalidTierName { .. }
-                ),
+                matches!(&err, ConfigError::InvalidTierName { name: n } if n == name),
                 "{name:?}"
             );
+            assert!(err.to_string().len() < 400);
         }
+        let longest = "t".repeat(Policy::MAX_NAME_LEN);
+        assert!(Tiers::builder().unlimited(longest).build().is_ok());
         assert!(matches!(
             build(Tiers::builder().unlimited("a").denied("a")),
             ConfigError::DuplicateTier { name } if name == "a"
@@ -491,9 +574,14 @@ mod tests {
             build(Tiers::builder().limited("a", [named("x"), named("x")])),
             ConfigError::DuplicatePolicyName { .. }
         ));
-        assert!(matches!(
-            build(Tiers::builder().limited("a", [named("ü")])),
-            ConfigError::InvalidPolicyName { .. }
-        ));
+        for name in ["ü", "", "{x}", "a\"b", &"p".repeat(1 << 20)] {
+            assert!(
+                matches!(
+                    build(Tiers::builder().limited("a", [named(name)])),
+                    ConfigError::InvalidPolicyName { .. }
+                ),
+                "{name:?}"
+            );
+        }
     }
 }

@@ -61,7 +61,7 @@ mod serde_tables {
         );
         let paid = tiers.get("paid").unwrap().policies();
         assert_eq!(paid.len(), 2);
-        assert_eq!((paid[0].limit(), paid[0].name()), (5000, "paid-1"));
+        assert_eq!((paid[0].limit(), paid[0].name()), (5000, "paid"));
         assert_eq!((paid[1].limit(), paid[1].name()), (100_000, "daily"));
         assert_eq!(paid[1].window(), Duration::from_secs(86_400));
         assert_eq!(paid[1].buckets(), 24);

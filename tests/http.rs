@@ -458,3 +458,157 @@ async fn plain_hyper_server_shares_the_limit_across_connections() {
     assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(header(&limited, "retry-after").is_some());
 }
+
+/// The problem document of a response: its JSON, after checking the media
+/// type and that `Content-Length` is the body's length.
+fn problem_of(response: &Response<Bytes>) -> serde_json::Value {
+    assert_eq!(
+        header(response, "content-type"),
+        Some("application/problem+json")
+    );
+    let length: usize = header(response, "content-length").unwrap().parse().unwrap();
+    assert_eq!(
+        length,
+        response.body().len(),
+        "Content-Length is the body's"
+    );
+    serde_json::from_slice(response.body())
+        .unwrap_or_else(|e| panic!("{:?} is not JSON: {e}", response.body()))
+}
+
+#[tokio::test]
+async fn problem_details_name_every_policy_that_denied_in_json_of_the_right_length() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("burst", 1, Duration::from_secs(5)))
+        .policy(policy("hourly", 1, Duration::from_secs(3600)))
+        .policy(policy("daily", 100, Duration::from_secs(86_400)))
+        .problem_details()
+        .build()
+        .unwrap();
+    let addr = serve(app().layer(layer)).await;
+    let allowed = send(addr, &[]).await;
+    assert_eq!(allowed.status(), StatusCode::OK);
+    assert_eq!(
+        allowed.body().as_ref(),
+        b"hello",
+        "allowed bodies untouched"
+    );
+
+    let limited = send(addr, &[]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    let problem = problem_of(&limited);
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert!(problem["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert_eq!(problem["status"], 429);
+    // Both policies that denied, in the layer's order; not the one that admitted.
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["burst", "hourly"])
+    );
+    let retry_after: u64 = header(&limited, "retry-after").unwrap().parse().unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{retry_after} seconds")),
+        "{problem}"
+    );
+    // The headers are those of an empty-bodied rejection.
+    assert!(header(&limited, "ratelimit").is_some());
+    assert!(header(&limited, "ratelimit-policy").is_some());
+}
+
+#[tokio::test]
+async fn problem_details_follow_the_layers_status_and_keep_grpc_rejections_as_they_are() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("rpc", 1, Duration::from_secs(5)))
+        .status(StatusCode::SERVICE_UNAVAILABLE)
+        .problem_details()
+        .build()
+        .unwrap();
+    let addr = serve(app().layer(layer)).await;
+    assert_eq!(send(addr, &[]).await.status(), StatusCode::OK);
+    let limited = send(addr, &[]).await;
+    assert_eq!(limited.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(problem_of(&limited)["status"], 503);
+
+    // gRPC: the trailers-only answer, no body and no problem document.
+    let grpc = send(addr, &[("content-type", "application/grpc")]).await;
+    assert_eq!(grpc.status(), StatusCode::OK);
+    assert_eq!(header(&grpc, "content-type"), Some("application/grpc"));
+    assert_eq!(header(&grpc, "grpc-status"), Some("8"));
+    assert!(grpc.body().is_empty());
+}
+
+/// A store that cannot decide, as Redis failing closed during an outage.
+struct Down(tower_sliding_window::Policy);
+
+impl tower_sliding_window::Store<()> for Down {
+    type Future = std::future::Ready<
+        Result<tower_sliding_window::Decision, tower_sliding_window::StoreError>,
+    >;
+
+    fn check_n(&self, _key: &(), _cost: u32) -> Self::Future {
+        std::future::ready(Err(Down::error()))
+    }
+
+    fn check_now(
+        &self,
+        _key: &(),
+        _cost: u32,
+    ) -> Option<Result<tower_sliding_window::Decision, tower_sliding_window::StoreError>> {
+        Some(Err(Down::error()))
+    }
+
+    fn undo(&self, _key: &(), _decision: &tower_sliding_window::Decision) {}
+
+    fn policy(&self) -> &tower_sliding_window::Policy {
+        &self.0
+    }
+}
+
+impl Down {
+    fn error() -> tower_sliding_window::StoreError {
+        tower_sliding_window::StoreError::new(
+            tower_sliding_window::StoreErrorKind::ConnectionRefused,
+            Duration::from_secs(2),
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_store_failing_closed_is_a_temporary_reduced_capacity_problem() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .store(Down(policy("fleet", 10, Duration::from_secs(60))))
+        .problem_details()
+        .build()
+        .unwrap();
+    let addr = serve(app().layer(layer)).await;
+    let down = send(addr, &[]).await;
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&down, "retry-after"), Some("2"));
+    let problem = problem_of(&down);
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(problem["status"], 503);
+    assert!(problem.get("violated-policies").is_none());
+    let grpc = send(addr, &[("content-type", "application/grpc")]).await;
+    assert_eq!(header(&grpc, "grpc-status"), Some("14"));
+    assert!(grpc.body().is_empty());
+
+    // Without problem details, the default: the same 503 with an empty body.
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .store(Down(policy("fleet", 10, Duration::from_secs(60))))
+        .build()
+        .unwrap();
+    let addr = serve(app().layer(layer)).await;
+    let down = send(addr, &[]).await;
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(down.body().is_empty());
+    assert_eq!(header(&down, "content-type"), None);
+}

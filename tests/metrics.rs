@@ -8,6 +8,7 @@ use metrics_util::{CompositeKey, MetricKind};
 use std::convert::Infallible;
 use std::time::Duration;
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_sliding_window::extract::Untiered;
 use tower_sliding_window::{
     key_fn, tiered_key_fn, KeyExtractor, OnLimit, Policy, SlidingWindowLayer, Tiers, WaitConfig,
 };
@@ -21,7 +22,7 @@ fn policy(name: &str, limit: u32, window_ms: u64) -> Policy {
         .unwrap()
 }
 
-fn by_user() -> impl KeyExtractor<Request<String>, Key = String> + Clone {
+fn by_user() -> impl KeyExtractor<Request<String>, Key = String, Tiering = Untiered> + Clone {
     key_fn(|req: &Request<String>| {
         req.headers()
             .get("x-user")

@@ -320,13 +320,14 @@ async fn invalid_settings_are_rejected_at_build() {
         build(tiny.url(&redis_url())),
         ConfigError::BucketBelowClockResolution { .. }
     ));
-    // A policy name with a brace would break the default prefix's hash tag.
+    // A policy name with a brace would break the default prefix's hash tag
+    // (the policy's own build refuses it; `with_name` does not check).
     let named = Policy::builder()
         .limit(5)
         .window(Duration::from_secs(1))
-        .name("a{b}")
         .build()
-        .unwrap();
+        .unwrap()
+        .with_name("a{b}");
     let err = build(RedisStore::builder(named, FailurePolicy::Open).url(&redis_url()));
     assert!(matches!(err, ConfigError::InvalidRedisPrefix { .. }));
 }

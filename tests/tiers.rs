@@ -18,8 +18,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tower_sliding_window::extract::TieredKeyFn;
 use tower_sliding_window::{
-    key_fn, tiered_key_fn, ConfigError, OnLimit, Policy, SlidingWindowLayer, TierLimits, Tiers,
-    WaitConfig,
+    tiered_key_fn, ConfigError, Policy, SlidingWindowLayer, TierLimits, Tiers,
 };
 
 /// Tier from `x-tier`, key from `x-user`; no user, no key.
@@ -144,11 +143,11 @@ async fn headers_report_the_tiers_policy() {
     assert_eq!(paid.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         header(&paid, "ratelimit-policy"),
-        Some("\"paid-1\";q=5;w=60, \"hourly\";q=100;w=3600")
+        Some("\"paid\";q=5;w=60, \"hourly\";q=100;w=3600")
     );
     assert!(header(&paid, "ratelimit")
         .unwrap()
-        .starts_with("\"paid-1\";r=0;t="));
+        .starts_with("\"paid\";r=0;t="));
 }
 
 #[tokio::test]
@@ -283,8 +282,8 @@ async fn a_new_table_keeps_counts_by_tier_and_policy_name() {
     assert_eq!(statuses(addr, "paid", "ada", 5).await, [200; 5]);
     assert_eq!(statuses(addr, "free", "ada", 2).await, [200; 2]);
 
-    // "paid" gets a bigger burst limit (its first policy, "paid-1" as its
-    // position names it, keeps its counts by that name) and keeps "hourly";
+    // "paid" gets a bigger burst limit (its first policy, named "paid" by
+    // its position, keeps its counts by that name) and keeps "hourly";
     // "free" goes; "trial" is new.
     let next = Tiers::builder()
         .limited(
@@ -306,24 +305,279 @@ async fn a_new_table_keeps_counts_by_tier_and_policy_name() {
     assert_eq!(layer.tiers().unwrap(), next);
 }
 
+/// `n` requests per `window` in tier `tier`.
+fn limited(rate: &str) -> TierLimits {
+    TierLimits::Limited(vec![rate.parse().unwrap()])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_added_to_a_tier_leaves_the_others_their_names_and_counts() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    // An hourly policy joins "free": the first keeps its name, "free", and
+    // with it the two units it counted; the new one is "free-2".
+    layer
+        .set_tier(
+            "free",
+            TierLimits::Limited(vec!["2/min".parse().unwrap(), "100/h".parse().unwrap()]),
+        )
+        .unwrap();
+    let names: Vec<String> = layer
+        .tiers()
+        .unwrap()
+        .get("free")
+        .unwrap()
+        .policies()
+        .iter()
+        .map(|p| p.name().to_owned())
+        .collect();
+    assert_eq!(names, ["free", "free-2"]);
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
+    tokio::time::advance(Duration::from_secs(65)).await;
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tiers_counts_outlast_an_interlude_as_denied_or_unlimited() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    for interlude in [TierLimits::Denied, TierLimits::Unlimited] {
+        assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+        layer.set_tier("free", interlude.clone()).unwrap();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Limited again: the two units of 10 s ago still count.
+        layer.set_tier("free", limited("2/min")).unwrap();
+        assert_eq!(
+            statuses(addr, "free", "ada", 1).await,
+            [429],
+            "after {interlude:?}"
+        );
+        // Limited again under another limit: counted against it, as any change.
+        layer.set_tier("free", interlude.clone()).unwrap();
+        layer.set_tier("free", limited("3/min")).unwrap();
+        assert_eq!(
+            statuses(addr, "free", "ada", 2).await,
+            [200, 429],
+            "after {interlude:?}"
+        );
+        // They leave the window as they would have without the interlude:
+        // at 65 s the two of 0 s are gone, the one of 10 s is not.
+        tokio::time::advance(Duration::from_secs(55)).await;
+        layer.set_tier("free", limited("2/min")).unwrap();
+        assert_eq!(statuses(addr, "free", "ada", 2).await, [200, 429]);
+        tokio::time::advance(Duration::from_secs(65)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tier_removed_from_the_table_and_added_back_starts_empty() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    let without_free = Tiers::builder()
+        .limited("paid", ["5/min".parse().unwrap()])
+        .build()
+        .unwrap();
+    layer.set_tiers(&without_free).unwrap();
+    assert_eq!(statuses(addr, "free", "ada", 1).await, [500]);
+    // The documented choice: a tier gone from the table takes its counts
+    // with it.
+    layer.set_tiers(&table()).unwrap();
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn changing_a_tier_the_table_lacks_is_an_error_and_adding_one_is_a_call_of_its_own() {
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    // A typo changes nothing.
+    assert!(matches!(
+        layer.set_tier("fre", TierLimits::Unlimited),
+        Err(ConfigError::UnknownTier { name }) if name == "fre"
+    ));
+    assert_eq!(layer.tiers().unwrap(), table());
+    assert_eq!(statuses(addr, "fre", "ada", 1).await, [500]);
+    // Adding is its own call, and refuses a tier the table has.
+    layer.add_tier("trial", limited("1/min")).unwrap();
+    assert_eq!(statuses(addr, "trial", "ada", 2).await, [200, 429]);
+    assert!(matches!(
+        layer.add_tier("free", TierLimits::Unlimited),
+        Err(ConfigError::DuplicateTier { name }) if name == "free"
+    ));
+    assert_eq!(
+        layer.tiers().unwrap().get("free"),
+        table().get("free"),
+        "nothing changed"
+    );
+}
+
+#[tokio::test]
+async fn a_handle_changes_the_layers_table_from_wherever_it_is_kept() {
+    use tower_sliding_window::layer::TierHandle;
+
+    /// What an admin endpoint keeps: no extractor type in sight.
+    #[derive(Clone)]
+    struct Admin {
+        tiers: TierHandle<String>,
+    }
+
+    let layer = tiered_layer();
+    let addr = app(layer.clone()).await;
+    let admin = Admin {
+        tiers: layer.tier_handle(),
+    };
+    let elsewhere = admin.clone();
+    assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    elsewhere.tiers.set_tier("free", limited("3/min")).unwrap();
+    // The layer's services see it, and the counts were kept.
+    assert_eq!(statuses(addr, "free", "ada", 2).await, [200, 429]);
+    assert_eq!(admin.tiers.tiers(), layer.tiers().unwrap());
+    admin.tiers.add_tier("trial", limited("1/min")).unwrap();
+    assert_eq!(statuses(addr, "trial", "ada", 2).await, [200, 429]);
+    assert!(matches!(
+        admin.tiers.set_tier("gold", TierLimits::Unlimited),
+        Err(ConfigError::UnknownTier { .. })
+    ));
+    admin.tiers.set_tiers(&table()).unwrap();
+    assert_eq!(layer.tiers().unwrap(), table());
+}
+
+/// Tier by API key; callers without one by `ClientIp` in "anonymous".
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Caller {
+    Key(String),
+    Ip(std::net::IpAddr),
+}
+
+#[tokio::test]
+async fn a_tiered_layer_keyed_through_client_ip_groups_ipv6_by_64_and_walks_trusted_proxies() {
+    // The test client connects from 127.0.0.1, playing the trusted proxy.
+    let client_ip = tower_sliding_window::ClientIp::trusting(["127.0.0.1".parse().unwrap()]);
+    let by_tier = tiered_key_fn(
+        move |req: &Request<Body>| match req.headers().get("x-api-key") {
+            Some(key) => Some(("free", Caller::Key(key.to_str().ok()?.to_owned()))),
+            None => Some(("anonymous", Caller::Ip(client_ip.key_of(req)?))),
+        },
+    );
+    let tiers = Tiers::builder()
+        .limited("anonymous", ["2/min".parse().unwrap()])
+        .limited("free", ["2/min".parse().unwrap()])
+        .build()
+        .unwrap();
+    let layer = SlidingWindowLayer::builder(by_tier)
+        .tiers(tiers)
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer.clone()),
+    )
+    .await;
+    let from = |forwarded_for: &'static str| async move {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .uri("/")
+            .header("x-forwarded-for", forwarded_for)
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        sender.send_request(req).await.unwrap().status().as_u16()
+    };
+    // Two addresses of one /64: one count.
+    assert_eq!(from("2001:db8:1:2::a").await, 200);
+    assert_eq!(from("2001:db8:1:2:ffff::b").await, 200);
+    assert_eq!(from("2001:db8:1:2::c").await, 429);
+    // A spoofed entry in front changes nothing: the proxy's entry, on the
+    // right, is the client.
+    assert_eq!(from("198.51.100.1, 2001:db8:1:2::d").await, 429);
+    // Another /64, and an IPv4 client, have counts of their own.
+    assert_eq!(from("2001:db8:1:3::a").await, 200);
+    assert_eq!(from("198.51.100.1").await, 200);
+    let anonymous = layer.tier_stores("anonymous").unwrap();
+    let store = anonymous.iter().next().unwrap();
+    let used = |ip: &str| store.usage(&Caller::Ip(ip.parse().unwrap())).used;
+    assert_eq!(used("2001:db8:1:2::"), 2);
+    assert_eq!(used("2001:db8:1:3::"), 1);
+    assert_eq!(used("198.51.100.1"), 1);
+}
+
+#[tokio::test]
+async fn shared_and_boxed_closures_key_a_layer_of_tiers() {
+    use std::sync::Arc;
+    use tower_sliding_window::extract::SharedTieredKeyFn;
+
+    type Shared = SharedTieredKeyFn<Request<Body>, String, String>;
+    let shared: Shared = tiered_key_fn(Arc::new(tier_and_user)
+        as Arc<dyn Fn(&Request<Body>) -> Option<(String, String)> + Send + Sync>);
+    let boxed = tiered_key_fn(Box::new(tier_and_user)
+        as Box<dyn Fn(&Request<Body>) -> Option<(String, String)> + Send + Sync>);
+    let shared_layer: SlidingWindowLayer<Shared> = SlidingWindowLayer::builder(shared)
+        .tiers(table())
+        .build()
+        .unwrap();
+    let boxed_layer = SlidingWindowLayer::builder(boxed)
+        .tiers(table())
+        .build()
+        .unwrap();
+    for addr in [app_of(shared_layer).await, app_of(boxed_layer).await] {
+        assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
+    }
+}
+
+async fn app_of<X>(layer: SlidingWindowLayer<X>) -> SocketAddr
+where
+    X: tower_sliding_window::KeyExtractor<Request<Body>>,
+{
+    serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn problem_details_name_the_tiers_policy_or_the_denied_tier() {
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .problem_details()
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let violated = |response: &Response<Bytes>| -> serde_json::Value {
+        assert_eq!(
+            header(response, "content-type"),
+            Some("application/problem+json")
+        );
+        let problem: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        problem["violated-policies"].clone()
+    };
+    statuses(addr, "free", "ada", 2).await;
+    let free = send(addr, "free", "ada").await;
+    assert_eq!(violated(&free), serde_json::json!(["free"]));
+    let suspended = send(addr, "suspended", "mallory").await;
+    assert_eq!(suspended.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(violated(&suspended), serde_json::json!(["suspended"]));
+}
+
 #[test]
 fn mistakes_are_configuration_errors() {
-    // Tiers need an extractor that names them, and the other way round.
-    let untiered =
-        key_fn(|req: &Request<Body>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()));
+    // Tiers with an extractor of keys alone, or policies with a tiered
+    // one, do not compile (tests/compile/fail); a tiered extractor can still
+    // reach `build` without its table.
     assert!(matches!(
-        SlidingWindowLayer::builder(untiered).tiers(table()).build(),
-        Err(ConfigError::TiersAndExtractorDisagree {
-            layer_has_tiers: true
-        })
-    ));
-    assert!(matches!(
-        SlidingWindowLayer::builder(by_tier())
-            .policy("1/s".parse().unwrap())
-            .build(),
-        Err(ConfigError::TiersAndExtractorDisagree {
-            layer_has_tiers: false
-        })
+        SlidingWindowLayer::builder(by_tier()).max_keys(10).build(),
+        Err(ConfigError::NoTiers)
     ));
     assert!(matches!(
         SlidingWindowLayer::builder(by_tier())
@@ -331,13 +585,6 @@ fn mistakes_are_configuration_errors() {
             .unknown_tier_fallback("gold")
             .build(),
         Err(ConfigError::UnknownFallbackTier { .. })
-    ));
-    assert!(matches!(
-        SlidingWindowLayer::builder(by_tier())
-            .tiers(table())
-            .on_limit(OnLimit::Wait(WaitConfig::unbounded()))
-            .build(),
-        Err(ConfigError::NotWithTiers { .. })
     ));
     // A change that drops the fallback tier is refused, and nothing changes.
     let layer = SlidingWindowLayer::builder(by_tier())

@@ -288,7 +288,7 @@ async fn call_without_poll_ready_waits_its_turn_instead_of_panicking() {
 #[test]
 fn a_wait_queue_of_no_place_is_a_configuration_error() {
     // Backpressure on a keyed layer, or waiting with a remote store, does not
-    // compile (tests/compile_fail).
+    // compile (tests/compile/fail).
     let no_queue = WaitConfig::bounded(ms(100), 0);
     assert!(matches!(no_queue, Err(ConfigError::ZeroMaxQueue)));
 }

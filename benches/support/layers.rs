@@ -16,6 +16,7 @@ use tower_governor::{
     key_extractor::{GlobalKeyExtractor, KeyExtractor, PeerIpKeyExtractor},
     GovernorLayer,
 };
+use tower_sliding_window::extract::Untiered;
 use tower_sliding_window::{
     GlobalKey, KeyExtractor as OurExtractor, PeerIp, Policy, SlidingWindowLayer,
 };
@@ -34,7 +35,10 @@ pub fn ours(limit: u32) -> SlidingWindowLayer<GlobalKey> {
     ours_with(limit, GlobalKey)
 }
 
-pub fn ours_with<X: OurExtractor<Req>>(limit: u32, keys: X) -> SlidingWindowLayer<X> {
+pub fn ours_with<X: OurExtractor<Req, Tiering = Untiered>>(
+    limit: u32,
+    keys: X,
+) -> SlidingWindowLayer<X> {
     SlidingWindowLayer::builder(keys)
         .policy(Policy::per(limit, Duration::from_secs(3600)).unwrap())
         .build()

@@ -73,6 +73,7 @@ impl HeaderKey {
 
 impl Keyed for HeaderKey {
     type Key = String;
+    type Tiering = super::Untiered;
 }
 
 impl<B> KeyExtractor<http::Request<B>> for HeaderKey {

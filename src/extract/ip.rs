@@ -118,10 +118,20 @@ impl PeerIp {
     pub fn key_for(&self, ip: IpAddr) -> IpAddr {
         self.grouping.key(ip)
     }
+
+    /// The key of `req`, as this extractor keys it (the same as
+    /// [`extract`](KeyExtractor::extract), without the trait in scope): for a
+    /// [tiered extractor](crate::tiered_key_fn) that keys some tiers by
+    /// address, as [`ClientIp::key_of`] shows.
+    #[inline]
+    pub fn key_of<B>(&self, req: &http::Request<B>) -> Option<IpAddr> {
+        peer_addr(req).map(|addr| self.key_for(addr.ip()))
+    }
 }
 
 impl Keyed for PeerIp {
     type Key = IpAddr;
+    type Tiering = super::Untiered;
 
     /// 500: a request without a peer address reached a server set up without
     /// recording it (axum served without `ConnectInfo`, say).
@@ -133,7 +143,7 @@ impl Keyed for PeerIp {
 impl<B> KeyExtractor<http::Request<B>> for PeerIp {
     #[inline]
     fn extract(&self, req: &http::Request<B>) -> Option<IpAddr> {
-        peer_addr(req).map(|addr| self.key_for(addr.ip()))
+        self.key_of(req)
     }
 }
 
@@ -342,6 +352,45 @@ impl ClientIp {
         self.grouping.key(self.client_addr(peer, headers))
     }
 
+    /// The key of `req`, as this extractor keys it (the same as
+    /// [`extract`](KeyExtractor::extract), without the trait in scope): the
+    /// client's address behind the trusted proxies, IPv6 grouped by prefix.
+    /// `None` without a peer address.
+    ///
+    /// A [tiered extractor](crate::tiered_key_fn) keys the callers it knows
+    /// no better by it, with the walk and the grouping that a key of its own
+    /// making would miss:
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use http::Request;
+    /// use tower_sliding_window::{tiered_key_fn, ClientIp, KeyExtractor};
+    ///
+    /// #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+    /// enum Caller {
+    ///     Key(String),
+    ///     Ip(IpAddr),
+    /// }
+    ///
+    /// let client_ip = ClientIp::trusting(["10.0.0.0/8".parse()?]);
+    /// let by_tier = tiered_key_fn(move |req: &Request<()>| match req.headers().get("x-api-key") {
+    ///     Some(key) => Some(("free", Caller::Key(key.to_str().ok()?.to_owned()))),
+    ///     None => Some(("anonymous", Caller::Ip(client_ip.key_of(req)?))),
+    /// });
+    ///
+    /// // Behind our proxy 10.0.0.2, from an IPv6 address: keyed by its /64.
+    /// let mut req = Request::builder()
+    ///     .header("x-forwarded-for", "2001:db8:1:2:aaaa::7")
+    ///     .body(())?;
+    /// req.extensions_mut().insert("10.0.0.2:41000".parse::<SocketAddr>()?);
+    /// assert_eq!(by_tier.extract(&req), Some(Caller::Ip("2001:db8:1:2::".parse()?)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key_of<B>(&self, req: &http::Request<B>) -> Option<IpAddr> {
+        let peer = peer_addr(req)?;
+        Some(self.key_for(peer.ip(), req.headers()))
+    }
+
     fn client_addr(&self, peer: IpAddr, headers: &http::HeaderMap) -> IpAddr {
         let mut current = peer.to_canonical();
         let trusted_at = |ip: IpAddr, depth: usize| match &self.trust {
@@ -367,6 +416,7 @@ impl ClientIp {
 
 impl Keyed for ClientIp {
     type Key = IpAddr;
+    type Tiering = super::Untiered;
 
     /// 500, as for [`PeerIp`]: the server recorded no peer address.
     fn missing_key_status(&self) -> StatusCode {
@@ -376,8 +426,7 @@ impl Keyed for ClientIp {
 
 impl<B> KeyExtractor<http::Request<B>> for ClientIp {
     fn extract(&self, req: &http::Request<B>) -> Option<IpAddr> {
-        let peer = peer_addr(req)?;
-        Some(self.key_for(peer.ip(), req.headers()))
+        self.key_of(req)
     }
 }
 

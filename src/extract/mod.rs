@@ -19,7 +19,11 @@
 //!
 //! A closure becomes an extractor through [`key_fn`], as a closure becomes a
 //! service through tower's `service_fn`; a shared one (`Arc<dyn Fn…>`, see
-//! [`SharedKeyFn`]) is an extractor as it is. A request's cost
+//! [`SharedKeyFn`]) is an extractor as it is. A layer of
+//! [tiers](crate::guide::tiers) takes an extractor that names each request's
+//! tier with its key, from a closure through [`tiered_key_fn`]; each kind
+//! says which it is in [`Keyed::Tiering`], so that a layer given the other
+//! does not compile. A request's cost
 //! ([`RequestCost`]) and exemption ([`Exemption`]) wrap the extractor
 //! ([`WithCost`], [`WithExemption`]), so a layer's type names one extractor
 //! whatever it counts: `SlidingWindowLayer<HeaderKey>`, or
@@ -46,13 +50,17 @@ pub use self::ip::{ClientIp, PeerIp};
 pub use self::net::{IpNet, IpNetParseError};
 pub use crate::tier::{TierId, TierNames};
 
+// `Tiering` and its kinds are defined below, with `Keyed`.
+
 /// What an extractor's keys are, whatever the request type: their type, and
 /// the status a request without one gets.
 ///
 /// A layer's type names its key through its extractor: the default store of a
 /// `SlidingWindowLayer<HeaderKey>` is a `Limiter<String>` because
-/// `<HeaderKey as Keyed>::Key` is `String`. Implement it beside
-/// [`KeyExtractor`] for an extractor of your own.
+/// `<HeaderKey as Keyed>::Key` is `String`. Its [`Tiering`](Keyed::Tiering)
+/// says which layer it keys: one of policies ([`Untiered`]) or one of tiers
+/// ([`Tiered`]). Implement it beside [`KeyExtractor`] for an extractor of
+/// your own.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a key extractor",
     label = "not a key extractor",
@@ -63,6 +71,13 @@ pub trait Keyed {
     /// The key type.
     type Key: Hash + Eq + Clone + Send + Sync + 'static;
 
+    /// [`Untiered`] for an extractor of keys alone, which keys a layer of
+    /// policies; [`Tiered`] for one that names each request's tier with its
+    /// key ([`tiered_key_fn`]), which keys a layer of
+    /// [`tiers`](crate::SlidingWindowLayerBuilder::tiers). A layer built
+    /// with the other kind does not compile.
+    type Tiering: Tiering;
+
     /// The status a request without a key is rejected with, unless the layer
     /// sets one: 400 Bad Request by default (the request lacks what the key is
     /// made of); 500 Internal Server Error for the address extractors, where
@@ -70,15 +85,67 @@ pub trait Keyed {
     fn missing_key_status(&self) -> StatusCode {
         StatusCode::BAD_REQUEST
     }
-
-    /// True for an extractor that names each request's tier along with its
-    /// key ([`tiered_key_fn`]): only those key a layer of
-    /// [`tiers`](crate::SlidingWindowLayerBuilder::tiers), and a layer of
-    /// policies takes only the others.
-    fn names_tiers(&self) -> bool {
-        false
-    }
 }
+
+/// Whether an extractor names each request's tier: the
+/// [`Keyed::Tiering`] of an extractor, [`Untiered`] or [`Tiered`]. Sealed:
+/// those two are the only kinds.
+pub trait Tiering: sealed::Sealed + Send + Sync + 'static {
+    /// True for [`Tiered`].
+    const NAMES_TIERS: bool;
+}
+
+/// The [`Keyed::Tiering`] of an extractor of keys alone (every ready
+/// extractor, [`key_fn`], your own): it keys a layer of policies.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Untiered;
+
+/// The [`Keyed::Tiering`] of an extractor that names each request's tier
+/// with its key ([`tiered_key_fn`]): it keys a layer of
+/// [`tiers`](crate::SlidingWindowLayerBuilder::tiers).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Tiered;
+
+impl Tiering for Untiered {
+    const NAMES_TIERS: bool = false;
+}
+
+impl Tiering for Tiered {
+    const NAMES_TIERS: bool = true;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Untiered {}
+    impl Sealed for super::Tiered {}
+}
+
+/// What the builder's methods of a layer of policies ask of an extractor's
+/// [`Keyed::Tiering`]: [`Untiered`], keys alone.
+#[diagnostic::on_unimplemented(
+    message = "`.policy(..)`, `.store(..)` and `.on_limit(..)` need an extractor of keys alone, and this one names each request's tier (or its type does not say it does not)",
+    label = "needs an extractor whose `Keyed::Tiering` is `Untiered`",
+    note = "an extractor that names tiers takes its policies from a table: `.tiers(Tiers::builder().limited(\"free\", [\"100/min\".parse()?]).build()?)`",
+    note = "for the same policies for every request, key with `key_fn(|req: &Request<Body>| ...)`, which names no tier",
+    note = "a function that returns `impl KeyExtractor<Req>` says so: `impl KeyExtractor<Req, Tiering = Untiered>`"
+)]
+pub trait KeysAlone: Tiering {}
+
+impl KeysAlone for Untiered {}
+
+/// What the builder's methods of a layer of tiers ask of an extractor's
+/// [`Keyed::Tiering`]: [`Tiered`], naming each request's tier.
+#[diagnostic::on_unimplemented(
+    message = "a layer of tiers needs an extractor that names each request's tier, and this one gives a key alone (or its type does not say it names tiers)",
+    label = "needs an extractor whose `Keyed::Tiering` is `Tiered`",
+    note = "name the tier with the key: `tiered_key_fn(|req: &Request<Body>| Some((tier, key)))`",
+    note = "to key some tiers by address, call `ClientIp::key_of(req)` or `PeerIp::key_of(req)` in that closure"
+)]
+pub trait NamesTiers: Tiering {}
+
+impl NamesTiers for Tiered {}
 
 /// An extractor with one key for every request (its key type is `()`), such
 /// as [`GlobalKey`]: the only kind that can hold back `poll_ready`
@@ -115,13 +182,15 @@ pub type KeyOf<X> = <X as Keyed>::Key;
 ///
 /// ```
 /// use http::Request;
-/// use tower_sliding_window::extract::{KeyExtractor, Keyed};
+/// use tower_sliding_window::extract::{KeyExtractor, Keyed, Untiered};
 ///
 /// /// Keys by tenant id; uploads cost 10 units.
 /// struct ByTenant;
 ///
 /// impl Keyed for ByTenant {
 ///     type Key = u64;
+///     // Keys alone, for a layer of policies (`Tiered` names tiers too).
+///     type Tiering = Untiered;
 /// }
 ///
 /// impl<B> KeyExtractor<Request<B>> for ByTenant {
@@ -165,7 +234,7 @@ pub trait KeyExtractor<Req>: Keyed + Send + Sync + 'static {
     }
 
     /// The request's tier (looked up in `tiers` by name) and key, or `None`
-    /// when it has no key. Extractors that [name tiers](Keyed::names_tiers)
+    /// when it has no key. Extractors that [name tiers](Keyed::Tiering)
     /// implement it; the default puts every key in an unknown tier.
     #[inline]
     fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, Self::Key)> {
@@ -225,6 +294,7 @@ impl<F, K> fmt::Debug for KeyFn<F, K> {
 
 impl<F, K: Hash + Eq + Clone + Send + Sync + 'static> Keyed for KeyFn<F, K> {
     type Key = K;
+    type Tiering = Untiered;
 }
 
 impl<Req, K, F> KeyExtractor<Req> for KeyFn<F, K>
@@ -246,6 +316,7 @@ impl<Req: 'static, K: Hash + Eq + Clone + Send + Sync + 'static> Keyed
     for dyn Fn(&Req) -> Option<K> + Send + Sync
 {
     type Key = K;
+    type Tiering = Untiered;
 }
 
 impl<Req: 'static, K: Hash + Eq + Clone + Send + Sync + 'static> KeyExtractor<Req>
@@ -259,28 +330,40 @@ impl<Req: 'static, K: Hash + Eq + Clone + Send + Sync + 'static> KeyExtractor<Re
 
 /// A closure `Fn(&Req) -> Option<(T, K)>` naming each request's tier (any
 /// `T: AsRef<str>`: a `&'static str`, a `String` from a lookup) along with its
-/// key, for a layer of [`tiers`](crate::SlidingWindowLayerBuilder::tiers).
-/// `None` means the request has no key; a tier the table lacks is answered
-/// as the layer is configured for an unknown tier.
+/// key, for a layer of [`tiers`](crate::SlidingWindowLayerBuilder::tiers):
+/// a closure or function, a boxed one, or one shared behind an `Arc` (see
+/// [`TierKeyFn`]; [`SharedTieredKeyFn`] names the type of a shared one, for a
+/// layer kept in a struct). `None` means the request has no key; a tier the
+/// table lacks is answered as the layer is configured for an unknown tier.
 ///
 /// ```
+/// use std::net::IpAddr;
 /// use http::Request;
-/// use tower_sliding_window::tiered_key_fn;
+/// use tower_sliding_window::{tiered_key_fn, ClientIp};
 ///
-/// // Callers with an API key by the key's tier; the others by IP, anonymous.
-/// let by_tier = tiered_key_fn(|req: &Request<()>| {
+/// /// Who is counted: an API key, or the address of a caller without one.
+/// #[derive(Clone, PartialEq, Eq, Hash)]
+/// enum Caller {
+///     Key(String),
+///     Ip(IpAddr),
+/// }
+///
+/// // Callers with an API key by the key's tier (the server's own lookup);
+/// // the others by client address, IPv6 by /64, behind our proxies.
+/// let client_ip = ClientIp::trusting(["10.0.0.0/8".parse()?]);
+/// let by_tier = tiered_key_fn(move |req: &Request<()>| {
 ///     match req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
-///         Some(key) if key.starts_with("paid_") => Some(("paid", key.to_owned())),
-///         Some(key) => Some(("free", key.to_owned())),
-///         None => Some(("anonymous", "by-ip".to_owned())),
+///         Some(key) if key.starts_with("paid_") => Some(("paid", Caller::Key(key.to_owned()))),
+///         Some(key) => Some(("free", Caller::Key(key.to_owned()))),
+///         None => Some(("anonymous", Caller::Ip(client_ip.key_of(req)?))),
 ///     }
 /// });
 /// # let _ = by_tier;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn tiered_key_fn<Req, T, K, F>(f: F) -> TieredKeyFn<F, K>
+pub fn tiered_key_fn<Req, F>(f: F) -> TieredKeyFn<F, F::Key>
 where
-    F: Fn(&Req) -> Option<(T, K)>,
-    T: AsRef<str>,
+    F: TierKeyFn<Req>,
 {
     TieredKeyFn {
         f,
@@ -288,7 +371,85 @@ where
     }
 }
 
-/// A closure naming a tier and a key; see [`tiered_key_fn`].
+/// What [`tiered_key_fn`] takes: a function of the request to its tier and
+/// key, `Fn(&Req) -> Option<(T, K)>` with `T: AsRef<str>`, as a closure or
+/// function, boxed (`Box<dyn Fn ...>`) or shared (`Arc<dyn Fn ...>`, or an
+/// `Arc` of a closure).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not name a tier and a key for requests of type `{Req}`",
+    label = "not a function of the request to `Option<(tier, key)>`",
+    note = "a tiered extractor is a closure `|req: &{Req}| Some((tier, key))`, boxed or in an `Arc`; the tier is any `AsRef<str>`"
+)]
+pub trait TierKeyFn<Req>: Send + Sync + 'static {
+    /// The tier's name.
+    type Tier: AsRef<str>;
+    /// The key within the tier.
+    type Key: Hash + Eq + Clone + Send + Sync + 'static;
+
+    /// The request's tier and key, or `None` when it has no key.
+    fn tier_and_key(&self, req: &Req) -> Option<(Self::Tier, Self::Key)>;
+}
+
+impl<Req, T, K, F> TierKeyFn<Req> for F
+where
+    F: Fn(&Req) -> Option<(T, K)> + Send + Sync + 'static,
+    T: AsRef<str>,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    type Tier = T;
+    type Key = K;
+
+    #[inline]
+    fn tier_and_key(&self, req: &Req) -> Option<(T, K)> {
+        self(req)
+    }
+}
+
+impl<Req, T, K, F> TierKeyFn<Req> for Arc<F>
+where
+    F: Fn(&Req) -> Option<(T, K)> + Send + Sync + ?Sized + 'static,
+    T: AsRef<str>,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    type Tier = T;
+    type Key = K;
+
+    #[inline]
+    fn tier_and_key(&self, req: &Req) -> Option<(T, K)> {
+        (**self)(req)
+    }
+}
+
+/// A tiered extractor from a closure shared behind an `Arc`: a type that can
+/// be named, for a layer of tiers kept in a struct or an app's state.
+///
+/// ```
+/// use std::sync::Arc;
+/// use axum::body::Body;
+/// use http::Request;
+/// use tower_sliding_window::extract::SharedTieredKeyFn;
+/// use tower_sliding_window::{tiered_key_fn, SlidingWindowLayer, Tiers};
+///
+/// type ByTier = SharedTieredKeyFn<Request<Body>, &'static str, String>;
+///
+/// struct AppState {
+///     limits: SlidingWindowLayer<ByTier>,
+/// }
+///
+/// let by_tier: ByTier = tiered_key_fn(Arc::new(|req: &Request<Body>| {
+///     Some(("free", req.headers().get("x-api-key")?.to_str().ok()?.to_owned()))
+/// }) as Arc<dyn Fn(&Request<Body>) -> Option<(&'static str, String)> + Send + Sync>);
+/// let tiers = Tiers::builder().limited("free", ["100/min".parse()?]).build()?;
+/// let state = AppState {
+///     limits: SlidingWindowLayer::builder(by_tier).tiers(tiers).build()?,
+/// };
+/// # let _ = state.limits;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type SharedTieredKeyFn<Req, T, K> =
+    TieredKeyFn<Arc<dyn Fn(&Req) -> Option<(T, K)> + Send + Sync>, K>;
+
+/// A function naming a tier and a key; see [`tiered_key_fn`].
 pub struct TieredKeyFn<F, K> {
     f: F,
     key: PhantomData<fn() -> K>,
@@ -313,39 +474,34 @@ impl<F, K> fmt::Debug for TieredKeyFn<F, K> {
 
 impl<F, K: Hash + Eq + Clone + Send + Sync + 'static> Keyed for TieredKeyFn<F, K> {
     type Key = K;
-
-    fn names_tiers(&self) -> bool {
-        true
-    }
+    type Tiering = Tiered;
 }
 
-impl<Req, T, K, F> KeyExtractor<Req> for TieredKeyFn<F, K>
+impl<Req, K, F> KeyExtractor<Req> for TieredKeyFn<F, K>
 where
-    F: Fn(&Req) -> Option<(T, K)> + Send + Sync + 'static,
-    T: AsRef<str>,
+    F: TierKeyFn<Req, Key = K>,
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
     /// The key alone (a layer of tiers asks for both).
     #[inline]
     fn extract(&self, req: &Req) -> Option<K> {
-        (self.f)(req).map(|(_, key)| key)
+        self.f.tier_and_key(req).map(|(_, key)| key)
     }
 
     #[inline]
     fn extract_tiered(&self, req: &Req, tiers: &TierNames) -> Option<(TierId, K)> {
-        (self.f)(req).map(|(tier, key)| (tiers.find(tier.as_ref()), key))
+        self.f
+            .tier_and_key(req)
+            .map(|(tier, key)| (tiers.find(tier.as_ref()), key))
     }
 }
 
 impl<T: Keyed + ?Sized> Keyed for Arc<T> {
     type Key = T::Key;
+    type Tiering = T::Tiering;
 
     fn missing_key_status(&self) -> StatusCode {
         (**self).missing_key_status()
-    }
-
-    fn names_tiers(&self) -> bool {
-        (**self).names_tiers()
     }
 }
 
@@ -373,13 +529,10 @@ impl<Req, T: KeyExtractor<Req> + ?Sized> KeyExtractor<Req> for Arc<T> {
 
 impl<T: Keyed + ?Sized> Keyed for Box<T> {
     type Key = T::Key;
+    type Tiering = T::Tiering;
 
     fn missing_key_status(&self) -> StatusCode {
         (**self).missing_key_status()
-    }
-
-    fn names_tiers(&self) -> bool {
-        (**self).names_tiers()
     }
 }
 
@@ -411,6 +564,7 @@ pub struct GlobalKey;
 
 impl Keyed for GlobalKey {
     type Key = ();
+    type Tiering = Untiered;
 }
 
 impl<Req> KeyExtractor<Req> for GlobalKey {
@@ -508,13 +662,10 @@ impl<X, C> WithCost<X, C> {
 
 impl<X: Keyed, C> Keyed for WithCost<X, C> {
     type Key = X::Key;
+    type Tiering = X::Tiering;
 
     fn missing_key_status(&self) -> StatusCode {
         self.extractor.missing_key_status()
-    }
-
-    fn names_tiers(&self) -> bool {
-        self.extractor.names_tiers()
     }
 }
 
@@ -560,13 +711,10 @@ impl<X, E> WithExemption<X, E> {
 
 impl<X: Keyed, E> Keyed for WithExemption<X, E> {
     type Key = X::Key;
+    type Tiering = X::Tiering;
 
     fn missing_key_status(&self) -> StatusCode {
         self.extractor.missing_key_status()
-    }
-
-    fn names_tiers(&self) -> bool {
-        self.extractor.names_tiers()
     }
 }
 
@@ -619,7 +767,8 @@ mod tests {
     fn closures_boxes_and_arcs_extract_alike() {
         let req = request("ada", "GET");
         let shared: SharedKeyFn<Request<()>, String> = Arc::new(user);
-        let boxed: Box<dyn KeyExtractor<Request<()>, Key = String>> = Box::new(key_fn(user));
+        let boxed: Box<dyn KeyExtractor<Request<()>, Key = String, Tiering = Untiered>> =
+            Box::new(key_fn(user));
         assert_eq!(key_fn(user).extract(&req), Some("ada".to_owned()));
         assert_eq!(shared.extract(&req), Some("ada".to_owned()));
         assert_eq!(boxed.extract(&req), Some("ada".to_owned()));
@@ -643,7 +792,8 @@ mod tests {
 
     #[test]
     fn a_missing_address_is_the_servers_fault_a_missing_header_the_clients() {
-        let status = |x: &dyn Keyed<Key = std::net::IpAddr>| x.missing_key_status();
+        let status =
+            |x: &dyn Keyed<Key = std::net::IpAddr, Tiering = Untiered>| x.missing_key_status();
         assert_eq!(status(&PeerIp::new()), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(status(&ClientIp::new()), StatusCode::INTERNAL_SERVER_ERROR);
         let header = HeaderKey::named("x-api-key").unwrap();

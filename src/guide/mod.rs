@@ -2,6 +2,9 @@
 //! team meets when it adopts the layer. The chapters hold no API of their own;
 //! their examples are compiled and run as tests.
 //!
+//! - [`migrating`]: coming from `tower_governor` (its builder, extractors and
+//!   GCRA settings mapped to "L per W", and what clients see change) or from
+//!   tower's `RateLimit`.
 //! - [`naming`]: naming and storing the layer and service types (in a struct,
 //!   in axum state, behind a function), with closures, costs and stores.
 //! - [`ordering`]: where the layer goes among other middleware: `Buffer`,
@@ -38,6 +41,10 @@ pub mod features {
 
 pub mod memory {
     #![doc = include_str!("memory.md")]
+}
+
+pub mod migrating {
+    #![doc = include_str!("migrating.md")]
 }
 
 pub mod naming {

@@ -8,7 +8,7 @@
 //! have (a clock, a key cap, waiting, sweeping) do not exist on a builder of stores: a
 //! mistake there does not compile, rather than failing when the layer is built.
 
-use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig};
+use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig, ProblemDetails};
 use super::shared::{
     Hold, KeyFormatter, LayerCounters, MissingKey, OnLimit, Shared, SlidingWindowLayer,
 };
@@ -17,7 +17,8 @@ use super::waiting::{AsLocal, LayerQueues, LocalStore};
 use crate::clock::{AutoClock, Clock};
 use crate::error::ConfigError;
 use crate::extract::{
-    Exemption, GlobalExtractor, KeyExtractor, KeyOf, Keyed, RequestCost, WithCost, WithExemption,
+    Exemption, GlobalExtractor, KeyExtractor, KeyOf, Keyed, KeysAlone, NamesTiers, RequestCost,
+    Tiering, WithCost, WithExemption,
 };
 use crate::limiter::Limiter;
 use crate::log::LayerLogs;
@@ -208,7 +209,10 @@ impl<X: Keyed> SlidingWindowLayer<X> {
     /// assert_eq!(limited.headers()["retry-after"], "64");
     /// # Ok(()) }
     /// ```
-    pub fn new(policy: Policy, extractor: X) -> Result<Self, ConfigError> {
+    pub fn new(policy: Policy, extractor: X) -> Result<Self, ConfigError>
+    where
+        X::Tiering: KeysAlone,
+    {
         SlidingWindowLayer::builder(extractor)
             .policy(policy)
             .build()
@@ -370,7 +374,10 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
     /// (the extractor named a tier that is not, or no longer, in it) by tier
     /// `tier` instead of rejecting them with 500. `tier` must be in the table
     /// (checked by `build` and by every change of the table).
-    pub fn unknown_tier_fallback(mut self, tier: impl Into<String>) -> Self {
+    pub fn unknown_tier_fallback(mut self, tier: impl Into<String>) -> Self
+    where
+        X::Tiering: NamesTiers,
+    {
         self.settings.unknown_tier_fallback = Some(tier.into().into_boxed_str());
         self
     }
@@ -399,24 +406,22 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
         if settings.dry_run {
             mode.headers_on_every_response();
         }
-        let tiered = matches!(counts, Counts::Tiers(..));
-        if tiered != extractor.names_tiers() {
-            return Err(ConfigError::TiersAndExtractorDisagree {
-                layer_has_tiers: tiered,
-            });
-        }
         let (policies, tiers, metrics) = match counts {
+            // The builder's methods keep tiers and an extractor of keys alone
+            // apart at compile time; a tiered extractor can still reach here
+            // without its table (`max_keys` then `build`).
+            Counts::Policies(_) if <X::Tiering as Tiering>::NAMES_TIERS => {
+                return Err(ConfigError::NoTiers)
+            }
             Counts::Policies(stores) => {
                 let policies = Policies::new(stores)?;
                 let metrics = LayerMetrics::new(policies.limits.iter().map(|l| &*l.name));
                 (policies, None, metrics)
             }
             Counts::Tiers(tiers, factory) => {
-                if hold != Hold::Reject {
-                    return Err(ConfigError::NotWithTiers {
-                        setting: "waiting (OnLimit::Wait, backpressure)",
-                    });
-                }
+                // A layer of tiers never waits: `on_limit` and `backpressure`
+                // take extractors of keys alone.
+                debug_assert_eq!(hold, Hold::Reject);
                 if matches!(settings.missing_key, MissingKey::Fallback(_)) {
                     return Err(ConfigError::NotWithTiers {
                         setting: "MissingKey::Fallback (name a tier and key for such requests in the extractor)",
@@ -428,11 +433,6 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
                 (Policies::none(), Some(state), metrics)
             }
         };
-        if !tiered && settings.unknown_tier_fallback.is_some() {
-            return Err(ConfigError::NotWithTiers {
-                setting: "unknown_tier_fallback on a layer of policies",
-            });
-        }
         let reserve_key = settings
             .reserve_key
             .filter(|_| hold == Hold::Backpressure && !settings.dry_run);
@@ -464,7 +464,10 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
 impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
     /// Add a policy, enforced by an in-memory [`Limiter`]: the builder becomes one of
     /// [`InMemory`] limiters, where `policy` is documented.
-    pub fn policy(self, policy: Policy) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+    pub fn policy(self, policy: Policy) -> SlidingWindowLayerBuilder<X, InMemory, M>
+    where
+        X::Tiering: KeysAlone,
+    {
         self.with_stores(InMemory::default()).policy(policy)
     }
 
@@ -474,7 +477,10 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
     pub fn policies(
         self,
         policies: impl IntoIterator<Item = Policy>,
-    ) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+    ) -> SlidingWindowLayerBuilder<X, InMemory, M>
+    where
+        X::Tiering: KeysAlone,
+    {
         self.with_stores(InMemory::default()).policies(policies)
     }
 
@@ -505,7 +511,10 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
 
     /// What happens to a request over the limit: the builder becomes one of
     /// [`InMemory`] limiters, where `on_limit` is documented.
-    pub fn on_limit(self, on_limit: OnLimit) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+    pub fn on_limit(self, on_limit: OnLimit) -> SlidingWindowLayerBuilder<X, InMemory, M>
+    where
+        X::Tiering: KeysAlone,
+    {
         self.with_stores(InMemory::default()).on_limit(on_limit)
     }
 
@@ -546,7 +555,10 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
     /// assert_eq!(layer.tier_stores("paid").unwrap().iter().len(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn tiers(self, tiers: Tiers) -> SlidingWindowLayerBuilder<X, InMemory, M> {
+    pub fn tiers(self, tiers: Tiers) -> SlidingWindowLayerBuilder<X, InMemory, M>
+    where
+        X::Tiering: NamesTiers,
+    {
         self.with_stores(InMemory::default()).tiers(tiers)
     }
 
@@ -561,6 +573,7 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
         factory: F,
     ) -> SlidingWindowLayerBuilder<X, TieredStores<St>, M>
     where
+        X::Tiering: NamesTiers,
         St: Store<KeyOf<X>>,
         F: Fn(&str, &Policy) -> Result<St, ConfigError> + Send + Sync + 'static,
     {
@@ -578,7 +591,10 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
     pub fn store<St: Store<KeyOf<X>>>(
         self,
         store: St,
-    ) -> SlidingWindowLayerBuilder<X, Stores<St>, M> {
+    ) -> SlidingWindowLayerBuilder<X, Stores<St>, M>
+    where
+        X::Tiering: KeysAlone,
+    {
         self.with_stores(Stores {
             stores: vec![store],
         })
@@ -590,14 +606,20 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// Decide each request by the policies of its tier, in in-memory
     /// limiters made with this builder's settings: see the [tiers
     /// chapter](crate::guide::tiers).
-    pub fn tiers(mut self, tiers: Tiers) -> Self {
+    pub fn tiers(mut self, tiers: Tiers) -> Self
+    where
+        X::Tiering: NamesTiers,
+    {
         self.stores.tiers = Some(tiers);
         self
     }
 
     /// Add a policy, enforced by an in-memory [`Limiter`] created in
     /// [`build`](Self::build). Several policies are decided all-or-nothing.
-    pub fn policy(mut self, policy: Policy) -> Self {
+    pub fn policy(mut self, policy: Policy) -> Self
+    where
+        X::Tiering: KeysAlone,
+    {
         self.stores.policies.push(policy);
         self
     }
@@ -624,7 +646,10 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// assert_eq!(layer.stores().len(), 3);
     /// # Ok::<(), tower_sliding_window::ConfigError>(())
     /// ```
-    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self
+    where
+        X::Tiering: KeysAlone,
+    {
         self.stores.policies.extend(policies);
         self
     }
@@ -710,7 +735,10 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     }
 
     /// What happens to a request over the limit (default [`OnLimit::Reject`]).
-    pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
+    pub fn on_limit(mut self, on_limit: OnLimit) -> Self
+    where
+        X::Tiering: KeysAlone,
+    {
         self.stores.hold = match on_limit {
             OnLimit::Reject => Hold::Reject,
             OnLimit::Wait(config) => Hold::Wait(config),
@@ -764,7 +792,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// Validate the configuration and create the limiters.
     ///
     /// Errors: no policy, more than [`MAX_POLICIES`](crate::layer::MAX_POLICIES), a policy name that is
-    /// not printable ASCII or is used twice, a rejection status that is not
+    /// not [valid](crate::PolicyBuilder::name) or is used twice, a rejection status that is not
     /// 4xx/5xx, a gRPC code outside 1..=16, HTTP rejection settings followed
     /// by [`reject_with_errors`](Self::reject_with_errors), and any limiter
     /// configuration error (`max_keys` 0, a bucket below the clock's
@@ -803,12 +831,8 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
                     .map(|policy| make(policy, waits))
                     .collect::<Result<Vec<_>, _>>()?,
             ),
-            Some(_) if !policies.is_empty() => {
-                return Err(ConfigError::NotWithTiers {
-                    setting: "policy() beside tiers() (give each tier its policies)",
-                })
-            }
-            // A layer of tiers never waits (checked in `finish`).
+            // `policy` and `tiers` take extractors of different kinds, so a
+            // builder never has both; a layer of tiers never waits.
             Some(tiers) => Counts::Tiers(tiers, Box::new(move |_, policy| make(policy, false))),
         };
         builder.finish(counts, hold, Some(as_local::<KeyOf<X>, C>))
@@ -840,7 +864,7 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayerBuilder<X, Stores<St>, 
     /// Validate the configuration and take the stores.
     ///
     /// Errors: more than [`MAX_POLICIES`](crate::layer::MAX_POLICIES), a policy name that is not
-    /// printable ASCII or is used twice, a rejection status that is not
+    /// [valid](crate::PolicyBuilder::name) or is used twice, a rejection status that is not
     /// 4xx/5xx, a gRPC code outside 1..=16, and HTTP rejection settings
     /// followed by [`reject_with_errors`](Self::reject_with_errors).
     pub fn build(self) -> Result<SlidingWindowLayer<X, St, M>, ConfigError>
@@ -1035,6 +1059,63 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
             settings: self.settings,
         }
     }
+
+    /// Answer plain HTTP rejections with an RFC 9457 problem-details body
+    /// (`application/problem+json`, with its `Content-Length`) instead of an
+    /// empty one (the default): the IETF RateLimit draft's `quota-exceeded`
+    /// problem type, its `violated-policies` naming every policy that
+    /// denied, over a limit; `temporary-reduced-capacity` when a store that
+    /// cannot decide fails closed (503). See [`ProblemDetails`] for the
+    /// document. The headers are the same as without it; gRPC rejections and
+    /// the answers to a missing key are unchanged. It replaces a
+    /// [`reject_with`](Self::reject_with) hook set before it (and one set
+    /// after replaces it).
+    ///
+    /// The body is built per rejection (one allocation), and the inner
+    /// service's body type must convert from a `String`, as axum's `Body`,
+    /// `String` and http-body-util's `Full<Bytes>` do.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::body::Body;
+    /// use http::{Request, Response, StatusCode};
+    /// use http_body_util::BodyExt;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_sliding_window::{GlobalKey, Policy, SlidingWindowLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = SlidingWindowLayer::builder(GlobalKey)
+    ///     .policy(Policy::builder().name("hourly").limit(1).window(Duration::from_secs(3600)).build()?)
+    ///     .problem_details()
+    ///     .build()?;
+    /// let svc = layer.layer(service_fn(|_req: Request<Body>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(Body::from("hello")))
+    /// }));
+    /// svc.clone().oneshot(Request::new(Body::empty())).await?;
+    /// let limited = svc.oneshot(Request::new(Body::empty())).await?;
+    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(limited.headers()["content-type"], "application/problem+json");
+    /// let body = limited.into_body().collect().await?.to_bytes();
+    /// let body = std::str::from_utf8(&body)?;
+    /// assert!(body.contains(r#""type":"https://iana.org/assignments/http-problem-types#quota-exceeded""#));
+    /// assert!(body.contains(r#""violated-policies":["hourly"]"#));
+    /// # Ok(()) }
+    /// ```
+    pub fn problem_details(
+        mut self,
+    ) -> SlidingWindowLayerBuilder<X, S, HttpRejection<ProblemDetails>> {
+        self.settings.http_rejection = true;
+        SlidingWindowLayerBuilder {
+            extractor: self.extractor,
+            stores: self.stores,
+            mode: HttpRejection {
+                options: self.mode.options,
+                response: ProblemDetails,
+            },
+            settings: self.settings,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1090,12 +1171,13 @@ mod tests {
 
         let bad_name = SlidingWindowLayer::builder(key_fn(key))
             .policy(
+                // Renamed after the policy's own build, which refuses the name.
                 Policy::builder()
-                    .name("ünïcode")
                     .limit(1)
                     .window(Duration::from_secs(1))
                     .build()
-                    .unwrap(),
+                    .unwrap()
+                    .with_name("ünïcode"),
             )
             .build();
         assert!(matches!(

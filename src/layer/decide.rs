@@ -218,7 +218,12 @@ where
                     tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit: rejected")
                 }
             }
-            Action::Reject(shared.mode.reject(req, Rejection::Limited(report, name)))
+            let violated = policies.violated(answers);
+            Action::Reject(
+                shared
+                    .mode
+                    .reject(req, Rejection::Limited(report, name, violated)),
+            )
         }
         Verdict::StoreDown(i) => {
             bump(&shared.counters.store_errors);

@@ -35,12 +35,13 @@ pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, TieredStore
 pub use self::future::ResponseFuture;
 pub use self::rejection::{
     CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ModeConfig,
-    RateLimited, RejectResponse, RejectionMode,
+    ProblemDetails, RateLimited, RejectResponse, RejectionMode,
 };
 pub use self::service::SlidingWindow;
 pub use self::shared::{
     LayerStats, MissingKey, OnLimit, SlidingWindowLayer, TierStores, MAX_POLICIES,
 };
+pub use self::tiers::TierHandle;
 
 /// A layer whose policies live in Redis, shared by a fleet (feature `redis`).
 #[cfg(feature = "redis")]

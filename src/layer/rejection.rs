@@ -11,6 +11,7 @@ use super::response::{self, HeaderOptions, PolicyName, RateLimitHeaders, Report}
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::store::StoreError;
+use crate::tier::MAX_POLICIES;
 use http::{Request, Response, StatusCode};
 use std::fmt;
 use std::time::Duration;
@@ -20,13 +21,43 @@ use tower_service::Service;
 /// Why a request is rejected.
 #[derive(Debug)]
 pub enum Rejection<'a> {
-    /// Over a limit: the binding policy's report, and its name.
-    Limited(Report<'a>, &'a PolicyName),
+    /// Over a limit: the binding policy's report, its name, and the names
+    /// of every policy that denied.
+    Limited(Report<'a>, &'a PolicyName, Violated<'a>),
     /// A store could not decide and fails closed.
     StoreUnavailable(&'a StoreError),
     /// No key, under `MissingKey::Reject`: the status the extractor (or the
     /// layer) gives it.
     KeyMissing(StatusCode),
+}
+
+/// The names of the policies that denied a request, in the layer's order:
+/// what a problem-details body lists as `violated-policies`. Gathered without
+/// allocating (a layer has at most [`MAX_POLICIES`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Violated<'a> {
+    names: [&'a str; MAX_POLICIES],
+    len: usize,
+}
+
+impl<'a> Violated<'a> {
+    /// The first [`MAX_POLICIES`] of `names`.
+    pub(crate) fn from_names(names: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut violated = Violated {
+            names: [""; MAX_POLICIES],
+            len: 0,
+        };
+        for (slot, name) in violated.names.iter_mut().zip(names) {
+            *slot = name;
+            violated.len += 1;
+        }
+        violated
+    }
+
+    /// The names, in the layer's order.
+    pub(crate) fn names(&self) -> &[&'a str] {
+        &self.names[..self.len]
+    }
 }
 
 pub(crate) mod sealed {
@@ -80,10 +111,23 @@ pub(crate) mod sealed {
     }
 
     /// Who builds the response to a rate-limited HTTP request: the layer
-    /// ([`DefaultResponse`]) or the user's hook ([`CustomResponse`]).
+    /// ([`DefaultResponse`], [`ProblemDetails`]) or the user's hook
+    /// ([`CustomResponse`]).
     pub trait Respond<B>: Send + Sync + 'static {
-        /// The response for `limited`, or `None` for the layer's own.
-        fn respond(&self, limited: impl FnOnce() -> RateLimited) -> Option<Response<B>>;
+        /// The response for `limited` (which `violated` denied; `status` is
+        /// the layer's rejection status), or `None` for the layer's own.
+        fn respond(
+            &self,
+            limited: impl FnOnce() -> RateLimited,
+            violated: &Violated<'_>,
+            status: StatusCode,
+        ) -> Option<Response<B>>;
+
+        /// Give the layer's 503 for a store that fails closed a body of this
+        /// kind, if it has one (the empty body stays otherwise).
+        fn store_unavailable(&self, response: &mut Response<B>) {
+            let _ = response;
+        }
     }
 }
 
@@ -99,7 +143,7 @@ pub(crate) mod sealed {
 #[diagnostic::on_unimplemented(
     message = "the layer cannot reject requests of type `{Req}` in front of `{S}` with `{Self}`",
     note = "`HttpRejection` (the default) answers `http::Request`s with responses; it needs a \
-            response body that implements `Default`",
+            response body that implements `Default` (and, with `.problem_details()`, `From<String>`)",
     note = "for any other request type, build the layer with `.reject_with_errors()`; the inner \
             service's error must then convert into `BoxError`"
 )]
@@ -129,9 +173,9 @@ impl<T: sealed::Configure> ModeConfig for T {}
 ///
 /// | case | plain HTTP | gRPC (`content-type: application/grpc…`) |
 /// |---|---|---|
-/// | over a limit | 429 (configurable), empty body, or your [`RejectResponse`] | 200, `grpc-status: 8` (configurable), `grpc-message`, `grpc-retry-pushback-ms`, and the rate-limit headers below |
+/// | over a limit | 429 (configurable), empty body, an RFC 9457 [`ProblemDetails`] body, or your [`RejectResponse`] | 200, `grpc-status: 8` (configurable), `grpc-message`, `grpc-retry-pushback-ms`, and the rate-limit headers below |
 /// | no key, [`MissingKey::Reject`](crate::MissingKey::Reject) | the extractor's [`missing_key_status`](crate::extract::Keyed::missing_key_status) (400, or 500 for the address extractors; configurable), no rate-limit headers | the code for that status: 3 INVALID_ARGUMENT for a 4xx, 16 UNAUTHENTICATED for 401, 7 PERMISSION_DENIED for 403, 8 RESOURCE_EXHAUSTED for 429, 14 UNAVAILABLE for 503, 13 INTERNAL for another 5xx |
-/// | store down (fails closed) | 503 with `Retry-After` | `grpc-status: 14` UNAVAILABLE |
+/// | store down (fails closed) | 503 with `Retry-After` (and with [`ProblemDetails`], its body) | `grpc-status: 14` UNAVAILABLE |
 ///
 /// A missing key is not throttling: it never answers 429 or `Retry-After`
 /// (unless you set 429 yourself), so clients do not retry a request that
@@ -204,16 +248,67 @@ pub struct DefaultResponse;
 #[derive(Debug, Clone, Copy)]
 pub struct CustomResponse<F>(pub(crate) F);
 
+/// An RFC 9457 problem-details body on plain HTTP rejections
+/// (`application/problem+json`); made by
+/// [`problem_details`](crate::SlidingWindowLayerBuilder::problem_details).
+///
+/// Over a limit, the IETF RateLimit draft's `quota-exceeded` problem type,
+/// with `violated-policies` naming every policy that denied the request (a
+/// denied tier: the tier), the response's status, and a `detail` for people:
+///
+/// ```json
+/// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+///  "title":"Request cannot be satisfied as assigned quota has been exceeded",
+///  "status":429,"detail":"Retry after 4 seconds.","violated-policies":["free"]}
+/// ```
+///
+/// A store that cannot decide and fails closed answers 503 with the draft's
+/// `temporary-reduced-capacity` type. Answers to a missing key, and every gRPC
+/// rejection, stay as they are without it.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct ProblemDetails;
+
 impl<B: Default> sealed::Respond<B> for DefaultResponse {
     #[inline]
-    fn respond(&self, _limited: impl FnOnce() -> RateLimited) -> Option<Response<B>> {
+    fn respond(
+        &self,
+        _limited: impl FnOnce() -> RateLimited,
+        _violated: &Violated<'_>,
+        _status: StatusCode,
+    ) -> Option<Response<B>> {
         None
     }
 }
 
 impl<B, F: RejectResponse<B>> sealed::Respond<B> for CustomResponse<F> {
-    fn respond(&self, limited: impl FnOnce() -> RateLimited) -> Option<Response<B>> {
+    fn respond(
+        &self,
+        limited: impl FnOnce() -> RateLimited,
+        _violated: &Violated<'_>,
+        _status: StatusCode,
+    ) -> Option<Response<B>> {
         Some(self.0.respond(&limited()))
+    }
+}
+
+impl<B: From<String>> sealed::Respond<B> for ProblemDetails {
+    fn respond(
+        &self,
+        limited: impl FnOnce() -> RateLimited,
+        violated: &Violated<'_>,
+        status: StatusCode,
+    ) -> Option<Response<B>> {
+        let body = response::quota_exceeded_problem(status, violated.names(), &limited());
+        let mut response = Response::new(B::from(String::new()));
+        *response.status_mut() = status;
+        response::set_problem(&mut response, body);
+        Some(response)
+    }
+
+    fn store_unavailable(&self, response: &mut Response<B>) {
+        let body = response::reduced_capacity_problem(response.status());
+        response::set_problem(response, body);
     }
 }
 
@@ -291,7 +386,7 @@ where
     ) -> Result<Response<ResBody>, S::Error> {
         let grpc = response::grpc_content_type(req.headers());
         Ok(match rejection {
-            Rejection::Limited(mut report, name) => {
+            Rejection::Limited(mut report, name, violated) => {
                 report.decision =
                     response::spread_wait(report.decision, self.options.retry_after_spread);
                 let headers = RateLimitHeaders::new(&self.options, &report, true);
@@ -304,7 +399,10 @@ where
                     ));
                 }
                 let limited = || RateLimited::new(report.decision, PolicyName::clone(name));
-                match self.response.respond(limited) {
+                match self
+                    .response
+                    .respond(limited, &violated, self.options.status)
+                {
                     Some(mut response) => {
                         // A rejection never goes out as a success, nor as a
                         // 1xx, which cannot be a final response.
@@ -319,7 +417,11 @@ where
                 }
             }
             Rejection::StoreUnavailable(error) => {
-                response::store_unavailable(&self.options, grpc, error)
+                let mut response = response::store_unavailable(&self.options, grpc, error);
+                if grpc.is_none() {
+                    self.response.store_unavailable(&mut response);
+                }
+                response
             }
             Rejection::KeyMissing(status) => response::key_missing(status, grpc),
         })
@@ -368,7 +470,7 @@ where
 
     fn reject(&self, _req: &Req, rejection: Rejection<'_>) -> Result<S::Response, BoxError> {
         Err(match rejection {
-            Rejection::Limited(report, name) => {
+            Rejection::Limited(report, name, _) => {
                 Box::new(RateLimited::new(report.decision, PolicyName::clone(name)))
             }
             Rejection::StoreUnavailable(error) => Box::new(error.clone()),

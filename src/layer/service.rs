@@ -18,7 +18,7 @@
 
 use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers};
 use super::future::{take_readied, ResponseFuture};
-use super::rejection::{Rejection, RejectionMode};
+use super::rejection::{Rejection, RejectionMode, Violated};
 use super::shared::{MissingKey, Shared, SlidingWindowLayer};
 use super::tiers::{DeniedTier, Policies, Tier, TierCache, TierState, TierTable};
 use super::waiting::{self, BoxedReady};
@@ -388,7 +388,8 @@ where
                 return ResponseFuture::forward(inner, req, shared.mode.allowed_headers(|| report));
             }
             tracing::debug!(tier = %denied.name, "rate limit: rejected, tier denied");
-            let rejection = Rejection::Limited(report, &denied.name);
+            let violated = Violated::from_names([&*denied.name]);
+            let rejection = Rejection::Limited(report, &denied.name, violated);
             ResponseFuture::rejected(shared.mode.reject(&req, rejection))
         }
         NotLimited::UnknownTier(key) => unknown_tier(shared, inner, req, &key),

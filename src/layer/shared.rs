@@ -1,10 +1,11 @@
 //! The layer and the state every clone and service shares: built once, in
 //! [`build`](crate::SlidingWindowLayerBuilder), behind one `Arc`.
 
+use super::tiers::TierHandle;
 pub(crate) use super::tiers::{Policies, TierState};
 use super::waiting::{AsLocal, LayerQueues};
 use crate::error::ConfigError;
-use crate::extract::{KeyOf, Keyed};
+use crate::extract::{KeyOf, Keyed, NamesTiers};
 use crate::limiter::Limiter;
 use crate::log::LayerLogs;
 use crate::metrics::LayerMetrics;
@@ -293,7 +294,18 @@ impl<X: Keyed, St, M> fmt::Debug for SlidingWindowLayer<X, St, M> {
     }
 }
 
-impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayer<X, St, M> {
+impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayer<X, St, M>
+where
+    X::Tiering: NamesTiers,
+{
+    /// A handle that changes this layer's table of tiers, and that clones
+    /// and stores without naming the extractor's type: for an admin endpoint
+    /// (see [`TierHandle`]). The layer's own `set_tiers`, `set_tier` and
+    /// `add_tier` do the same.
+    pub fn tier_handle(&self) -> TierHandle<KeyOf<X>, St> {
+        TierHandle::new(self.shared.tiers.clone())
+    }
+
     /// Replace the table of tiers while requests flow; each request is decided
     /// by the table in force when it arrived. A policy whose tier had a
     /// policy of the same name before keeps that store's counts: its store is
@@ -301,26 +313,31 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayer<X, St, M> {
     /// once and lowering it denies until the units already admitted have left
     /// the window (a change of window or buckets carries the counts over
     /// conservatively; the [tiers chapter](crate::guide::tiers) states the
-    /// guarantee). A tier left as it was keeps its stores untouched; a new
-    /// tier or policy starts empty. Policies are matched by name, so give a
-    /// policy a [name](crate::Policy::with_name) of its own to keep its counts when
-    /// the tier's other policies change.
+    /// guarantee). A tier left as it was keeps its stores untouched, and one
+    /// made unlimited or denied keeps them to resume from when limited again;
+    /// a new tier or policy starts empty. Policies are matched by name (a
+    /// default name goes by the policy's position in its tier), so give a
+    /// policy a [name](crate::PolicyBuilder::name) of its own to keep its
+    /// counts when the tier's other policies change other than at the end.
     ///
-    /// Errors, with nothing changed: a layer of policies
-    /// ([`ConfigError::NotWithTiers`]), a store that cannot change its policy
+    /// Errors, with nothing changed: a store that cannot change its policy
     /// ([`ConfigError::PolicyFixed`]), a fallback tier missing from `tiers`,
     /// or a store that could not be made.
     pub fn set_tiers(&self, tiers: &Tiers) -> Result<(), ConfigError> {
-        match &self.shared.tiers {
-            Some(state) => state.replace(tiers),
-            None => Err(ConfigError::NotWithTiers {
-                setting: "set_tiers on a layer of policies",
-            }),
-        }
+        self.tier_handle().set_tiers(tiers)
     }
 
-    /// Replace (or add) one tier, keeping the others: see
-    /// [`set_tiers`](Self::set_tiers).
+    /// Add one tier after the others: one the table already has is
+    /// [`ConfigError::DuplicateTier`], and nothing changes. A new tier starts
+    /// empty.
+    pub fn add_tier(&self, tier: &str, limits: TierLimits) -> Result<(), ConfigError> {
+        self.tier_handle().add_tier(tier, limits)
+    }
+
+    /// Change one tier, keeping the others: see [`set_tiers`](Self::set_tiers)
+    /// for what the change keeps. The table must have the tier: a name it
+    /// lacks (a typo, say) is [`ConfigError::UnknownTier`] and changes
+    /// nothing; add a tier with [`add_tier`](Self::add_tier).
     ///
     /// ```
     /// use http::{Request, StatusCode};
@@ -349,15 +366,14 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M> SlidingWindowLayer<X, St, M> {
     ///     statuses.push(svc.clone().oneshot(Request::new(())).await?.status());
     /// }
     /// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    ///
+    /// // A typo changes nothing.
+    /// let typo = layer.set_tier("fre", TierLimits::Unlimited).unwrap_err();
+    /// assert!(matches!(typo, tower_sliding_window::ConfigError::UnknownTier { .. }));
     /// # Ok(()) }
     /// ```
     pub fn set_tier(&self, tier: &str, limits: TierLimits) -> Result<(), ConfigError> {
-        match &self.shared.tiers {
-            Some(state) => state.replace_one(tier, limits),
-            None => Err(ConfigError::NotWithTiers {
-                setting: "set_tier on a layer of policies",
-            }),
-        }
+        self.tier_handle().set_tier(tier, limits)
     }
 }
 

@@ -11,6 +11,7 @@
 //! carry over) and swaps it in; requests that loaded the old table finish
 //! under it.
 
+use super::rejection::Violated;
 use super::response::{self, PolicyName, Report};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -20,6 +21,8 @@ use crate::tier::{TierLimits, TierNames, Tiers, MAX_POLICIES};
 use arc_swap::cache::Cache;
 use arc_swap::ArcSwap;
 use http::HeaderValue;
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// One policy as the layer sees it: its store and its precomputed names.
@@ -46,6 +49,20 @@ impl<St> Policies<St> {
         }
     }
 
+    /// The policies whose `answers` denied, in order.
+    pub(crate) fn violated(
+        &self,
+        answers: &[Option<Result<Decision, crate::store::StoreError>>],
+    ) -> Violated<'_> {
+        Violated::from_names(
+            self.limits
+                .iter()
+                .zip(answers)
+                .filter(|(_, answer)| matches!(answer, Some(Ok(d)) if !d.is_allowed()))
+                .map(|(limit, _)| &*limit.name),
+        )
+    }
+
     /// What a response reports for policy `i`'s `decision`.
     pub(crate) fn report(&self, i: usize, decision: Decision) -> Report<'_> {
         Report {
@@ -56,7 +73,7 @@ impl<St> Policies<St> {
     }
 
     /// The stores, validated: at least one, at most [`MAX_POLICIES`], names
-    /// printable and distinct.
+    /// valid (see [`Policy::name`](crate::PolicyBuilder::name)) and distinct.
     pub(crate) fn new<K>(stores: Vec<St>) -> Result<Policies<St>, ConfigError>
     where
         St: Store<K>,
@@ -73,7 +90,7 @@ impl<St> Policies<St> {
         let mut limits: Vec<Limit<St>> = Vec::with_capacity(stores.len());
         for store in stores {
             let name = store.policy().name();
-            if !response::is_valid_policy_name(name) {
+            if !crate::policy::is_valid_name(name) {
                 return Err(ConfigError::InvalidPolicyName {
                     name: name.to_owned(),
                 });
@@ -116,7 +133,7 @@ pub(crate) struct DeniedTier {
 impl DeniedTier {
     fn new(tier: &str) -> DeniedTier {
         let quoted_name = response::quoted(tier).into_boxed_str();
-        // Tier names are printable ASCII (checked by `Tiers`), so this holds.
+        // Tier names are visible ASCII (checked by `Tiers`), so this holds.
         let policy_header = HeaderValue::try_from(format!("{quoted_name};q=0"))
             .unwrap_or_else(|_| HeaderValue::from_static(""));
         DeniedTier {
@@ -140,6 +157,10 @@ impl DeniedTier {
 pub(crate) struct TierTable<St> {
     pub(crate) names: TierNames,
     tiers: Box<[Tier<St>]>,
+    /// By tier, the stores of an unlimited or denied tier that was limited
+    /// before: kept, counts and all, so that limiting it again resumes from
+    /// them rather than from nothing.
+    dormant: Box<[Option<Arc<Policies<St>>>]>,
     /// Where requests of an unknown tier go, if anywhere.
     fallback: Option<usize>,
     /// The table as configured, for `tiers()` and changes of one tier.
@@ -161,6 +182,16 @@ impl<St> TierTable<St> {
             _ => None,
         }
     }
+
+    /// The stores tier `name` counts in, or counted in before it became
+    /// unlimited or denied.
+    fn stores(&self, name: &str) -> Option<&Arc<Policies<St>>> {
+        let at = self.names.find(name).index()?;
+        match &self.tiers[at] {
+            Tier::Limited(policies) => Some(policies),
+            Tier::Unlimited | Tier::Denied(_) => self.dormant[at].as_ref(),
+        }
+    }
 }
 
 /// A service's view of the table in force: current after one atomic load.
@@ -176,13 +207,28 @@ impl<St> TierState<St> {
 pub(crate) type StoreFactory<St> =
     Box<dyn Fn(&str, &Policy) -> Result<St, ConfigError> + Send + Sync>;
 
-/// The tiers of a layer of tiers.
+/// The tiers of a layer of tiers: cloned, the same table and the same
+/// changes (a [`TierHandle`] holds a clone).
 pub(crate) struct TierState<St> {
     pub(crate) table: Arc<ArcSwap<TierTable<St>>>,
+    changes: Arc<Changes<St>>,
+}
+
+impl<St> Clone for TierState<St> {
+    fn clone(&self) -> Self {
+        TierState {
+            table: Arc::clone(&self.table),
+            changes: Arc::clone(&self.changes),
+        }
+    }
+}
+
+/// What a change of the table needs besides the table.
+struct Changes<St> {
     factory: StoreFactory<St>,
     fallback: Option<Box<str>>,
     /// One change at a time: each builds on the table the last one left.
-    changing: Mutex<()>,
+    one_at_a_time: Mutex<()>,
 }
 
 impl<St> TierState<St> {
@@ -198,9 +244,11 @@ impl<St> TierState<St> {
         let table = build_table(tiers, None, &factory, fallback.as_deref())?;
         Ok(TierState {
             table: Arc::new(ArcSwap::from_pointee(table)),
-            factory,
-            fallback,
-            changing: Mutex::new(()),
+            changes: Arc::new(Changes {
+                factory,
+                fallback,
+                one_at_a_time: Mutex::new(()),
+            }),
         })
     }
 
@@ -215,12 +263,20 @@ impl<St> TierState<St> {
         self.change(|_| Ok(tiers.clone()))
     }
 
-    /// Replace one tier (or add it), keeping the others.
+    /// Replace tier `name`, which the table must have, keeping the others.
     pub(crate) fn replace_one<K>(&self, name: &str, limits: TierLimits) -> Result<(), ConfigError>
     where
         St: Store<K>,
     {
-        self.change(|current| current.with_tier(name, limits))
+        self.change(|current| current.replacing(name, limits))
+    }
+
+    /// Add tier `name`, which the table must not have, after the others.
+    pub(crate) fn add_one<K>(&self, name: &str, limits: TierLimits) -> Result<(), ConfigError>
+    where
+        St: Store<K>,
+    {
+        self.change(|current| current.adding(name, limits))
     }
 
     /// Swap in the table `next` makes of the one in force, one change at a
@@ -232,10 +288,19 @@ impl<St> TierState<St> {
     where
         St: Store<K>,
     {
-        let _one_at_a_time = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let changes = &*self.changes;
+        let _one_at_a_time = changes
+            .one_at_a_time
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let old = self.table.load_full();
         let tiers = next(&old.config)?;
-        let table = build_table(&tiers, Some(&old), &self.factory, self.fallback.as_deref())?;
+        let table = build_table(
+            &tiers,
+            Some(&old),
+            &changes.factory,
+            changes.fallback.as_deref(),
+        )?;
         self.table.store(Arc::new(table));
         Ok(())
     }
@@ -251,7 +316,131 @@ impl<St> TierState<St> {
     }
 }
 
-/// A table for `tiers`, carrying over the stores of `old` where it can.
+/// Changes a layer of tiers' table while requests flow: a handle that an
+/// admin endpoint keeps, from
+/// [`SlidingWindowLayer::tier_handle`](crate::SlidingWindowLayer::tier_handle).
+///
+/// It names the layer's key type `K` and its store `St` (the in-memory
+/// [`Limiter`](crate::Limiter) of `K` unless the layer was given stores), not
+/// its extractor, so it can be stored where the extractor's type (a closure's)
+/// has no name. Clones share the layer's table: a change through any of them,
+/// or through the layer, is seen by all, and changes are made one at a time.
+///
+/// ```
+/// use axum::extract::{Path, State};
+/// use axum::http::StatusCode;
+/// use axum::{body::Body, routing::put, Router};
+/// use http::Request;
+/// use tower_sliding_window::layer::TierHandle;
+/// use tower_sliding_window::{tiered_key_fn, SlidingWindowLayer, TierLimits, Tiers};
+///
+/// /// Sets a tier's limit: `PUT /admin/tiers/free` with `200/min` as the body.
+/// async fn set_limit(
+///     State(tiers): State<TierHandle<String>>,
+///     Path(tier): Path<String>,
+///     limit: String,
+/// ) -> (StatusCode, String) {
+///     let limits = match limit.parse() {
+///         Ok(policy) => TierLimits::Limited(vec![policy]),
+///         Err(err) => return (StatusCode::BAD_REQUEST, err.to_string()),
+///     };
+///     match tiers.set_tier(&tier, limits) {
+///         Ok(()) => (StatusCode::NO_CONTENT, String::new()),
+///         Err(err) => (StatusCode::BAD_REQUEST, err.to_string()),
+///     }
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let tiers = Tiers::builder().limited("free", ["100/min".parse()?]).build()?;
+/// let layer = SlidingWindowLayer::builder(tiered_key_fn(|req: &Request<Body>| {
+///     Some(("free", req.headers().get("x-api-key")?.to_str().ok()?.to_owned()))
+/// }))
+/// .tiers(tiers)
+/// .build()?;
+/// // The admin router holds the handle; the API router holds the layer.
+/// // Put the admin routes behind your operators' authentication (a layer
+/// // of your auth middleware, or a listener of their own): whoever reaches
+/// // them sets everyone's limits.
+/// let admin: Router = Router::new()
+///     .route("/admin/tiers/{tier}", put(set_limit))
+///     .with_state(layer.tier_handle());
+/// let api: Router = Router::new().route("/", axum::routing::get(|| async { "hi" })).layer(layer);
+/// let app = api.merge(admin);
+/// # let _ = app;
+/// # Ok(()) }
+/// ```
+pub struct TierHandle<K, St = crate::Limiter<K>> {
+    /// Always set: only a layer keyed by a tiered extractor, which `build`
+    /// gives a table, hands out a handle.
+    state: Option<TierState<St>>,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<K, St> Clone for TierHandle<K, St> {
+    fn clone(&self) -> Self {
+        TierHandle {
+            state: self.state.clone(),
+            key: PhantomData,
+        }
+    }
+}
+
+impl<K, St> fmt::Debug for TierHandle<K, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let config = self.tiers();
+        let names: Vec<&str> = config.iter().map(|(name, _)| name).collect();
+        f.debug_struct("TierHandle").field("tiers", &names).finish()
+    }
+}
+
+impl<K, St> TierHandle<K, St> {
+    pub(crate) fn new(state: Option<TierState<St>>) -> Self {
+        debug_assert!(state.is_some(), "a handle on a layer without tiers");
+        TierHandle {
+            state,
+            key: PhantomData,
+        }
+    }
+
+    /// The table of tiers in force.
+    pub fn tiers(&self) -> Tiers {
+        self.state
+            .as_ref()
+            .map_or_else(Tiers::none, TierState::config)
+    }
+
+    fn state(&self) -> Result<&TierState<St>, ConfigError> {
+        self.state.as_ref().ok_or(ConfigError::NotWithTiers {
+            setting: "a change of tiers on a layer of policies",
+        })
+    }
+}
+
+impl<K, St: Store<K>> TierHandle<K, St> {
+    /// Replace the whole table; see
+    /// [`SlidingWindowLayer::set_tiers`](crate::SlidingWindowLayer::set_tiers).
+    pub fn set_tiers(&self, tiers: &Tiers) -> Result<(), ConfigError> {
+        self.state()?.replace(tiers)
+    }
+
+    /// Change tier `tier`, which the table must have: a name it lacks (a
+    /// typo) is [`ConfigError::UnknownTier`], and nothing changes. See
+    /// [`SlidingWindowLayer::set_tiers`](crate::SlidingWindowLayer::set_tiers)
+    /// for what a change keeps.
+    pub fn set_tier(&self, tier: &str, limits: TierLimits) -> Result<(), ConfigError> {
+        self.state()?.replace_one(tier, limits)
+    }
+
+    /// Add tier `tier` after the others; one the table already has is
+    /// [`ConfigError::DuplicateTier`], and nothing changes. A new tier starts
+    /// empty.
+    pub fn add_tier(&self, tier: &str, limits: TierLimits) -> Result<(), ConfigError> {
+        self.state()?.add_one(tier, limits)
+    }
+}
+
+/// A table for `tiers`, carrying over the stores of `old` where it can: a
+/// tier's stores last as long as the tier stays in the table, limited or not.
 fn build_table<K, St: Store<K>>(
     tiers: &Tiers,
     old: Option<&TierTable<St>>,
@@ -259,16 +448,24 @@ fn build_table<K, St: Store<K>>(
     fallback: Option<&str>,
 ) -> Result<TierTable<St>, ConfigError> {
     let mut built = Vec::with_capacity(tiers.len());
+    let mut dormant = Vec::with_capacity(tiers.len());
     for (name, limits) in tiers.iter() {
-        let before = old.and_then(|old| Some((old.config.get(name)?, old.policies(name))));
-        let tier = match limits {
-            TierLimits::Unlimited => Tier::Unlimited,
-            TierLimits::Denied => Tier::Denied(DeniedTier::new(name)),
-            TierLimits::Limited(policies) => match before {
-                // Unchanged: the same stores, counts and all.
-                Some((was, Some(same))) if was == limits => Tier::Limited(Arc::clone(same)),
+        let previous = old.and_then(|old| old.stores(name));
+        let (tier, kept) = match limits {
+            TierLimits::Unlimited => (Tier::Unlimited, previous.cloned()),
+            TierLimits::Denied => (Tier::Denied(DeniedTier::new(name)), previous.cloned()),
+            TierLimits::Limited(policies) => match previous {
+                // The same policies: the same stores, counts and all.
+                Some(same)
+                    if same
+                        .limits
+                        .iter()
+                        .map(|l| l.store.policy())
+                        .eq(policies.iter()) =>
+                {
+                    (Tier::Limited(Arc::clone(same)), None)
+                }
                 _ => {
-                    let previous = before.and_then(|(_, p)| p);
                     let stores = policies
                         .iter()
                         .map(|policy| {
@@ -280,11 +477,12 @@ fn build_table<K, St: Store<K>>(
                             }
                         })
                         .collect::<Result<Vec<St>, ConfigError>>()?;
-                    Tier::Limited(Arc::new(Policies::new(stores)?))
+                    (Tier::Limited(Arc::new(Policies::new(stores)?)), None)
                 }
             },
         };
         built.push(tier);
+        dormant.push(kept);
     }
     let names = TierNames::new(tiers.iter().map(|(name, _)| name));
     let fallback = match fallback {
@@ -303,6 +501,7 @@ fn build_table<K, St: Store<K>>(
     Ok(TierTable {
         names,
         tiers: built.into_boxed_slice(),
+        dormant: dormant.into_boxed_slice(),
         fallback,
         config: tiers.clone(),
     })

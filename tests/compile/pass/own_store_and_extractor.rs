@@ -4,7 +4,7 @@ use std::future::{ready, Ready};
 use std::time::Duration;
 use http::{Request, Response};
 use tower::service_fn;
-use tower_sliding_window::extract::{KeyExtractor, Keyed};
+use tower_sliding_window::extract::{KeyExtractor, Keyed, Untiered};
 use tower_sliding_window::{
     Decision, Limiter, Policy, SlidingWindow, SlidingWindowLayer, Store, StoreError,
 };
@@ -14,6 +14,7 @@ struct ByTenant;
 
 impl Keyed for ByTenant {
     type Key = u64;
+    type Tiering = Untiered;
 }
 
 impl<B> KeyExtractor<Request<B>> for ByTenant {
