@@ -8,12 +8,12 @@
 //! have (a clock, a key cap, waiting, sweeping) do not exist on a builder of stores: a
 //! mistake there does not compile, rather than failing when the layer is built.
 
+use super::local::{AsLocal, LayerQueues, LocalStore};
 use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig, ProblemDetails};
 use super::shared::{
     Hold, KeyFormatter, LayerCounters, MissingKey, OnLimit, Shared, SlidingWindowLayer,
 };
 use super::tiers::{Policies, StoreFactory, TierState};
-use super::waiting::{AsLocal, LayerQueues, LocalStore};
 use crate::clock::{AutoClock, Clock};
 use crate::error::ConfigError;
 use crate::extract::{

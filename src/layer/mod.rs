@@ -9,7 +9,8 @@
 //! Inside, each file has one concern and depends only on those listed before
 //! it: `response` (header values and responses), `rejection` (how a rejection
 //! reaches the caller), `tiers` (the policies a request is decided by: the
-//! layer's, or its tier's), `shared` (the layer and its shared state), `decide`
+//! layer's, or its tier's), `local` (the in-memory stores and wait queues the
+//! waiting modes use), `shared` (the layer and its shared state), `decide`
 //! (one request's all-or-nothing decision), `future`, `waiting` (the waiting
 //! modes), `service`, `builder`.
 
@@ -18,6 +19,8 @@ mod response;
 mod rejection;
 
 mod tiers;
+
+pub(crate) mod local;
 
 mod shared;
 

@@ -1,9 +1,9 @@
 //! The layer and the state every clone and service shares: built once, in
 //! [`build`](crate::SlidingWindowLayerBuilder), behind one `Arc`.
 
+use super::local::{AsLocal, LayerQueues};
 use super::tiers::TierHandle;
 pub(crate) use super::tiers::{Policies, TierState};
-use super::waiting::{AsLocal, LayerQueues};
 use crate::error::ConfigError;
 use crate::extract::{KeyOf, Keyed, NamesTiers};
 use crate::limiter::Limiter;

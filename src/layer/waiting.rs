@@ -8,59 +8,19 @@
 
 use super::decide::{act, ask_now_local, decide, give_back, queued_verdict, Action, Answers};
 use super::future::{take_readied, ResponseFuture};
+use super::local::{Admitted, LayerQueues};
 use super::rejection::RejectionMode;
 use super::shared::{Shared, MAX_POLICIES};
-use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::extract::{KeyExtractor, KeyOf, Keyed};
-use crate::limiter::Limiter;
 use crate::ring::WindowSnapshot;
 use crate::store::Store;
 use crate::wait::WaitRejected;
-use crate::wait::{fingerprint, release_unused, Denied, Gate, Queues, Reservation, Waiter};
+use crate::wait::{fingerprint, release_unused, Denied, Gate, Reservation, Waiter};
 use std::hash::Hash;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_service::Service;
-
-/// What waiting needs from a store: an answer without awaiting, and the
-/// window's bucket counts for the forecast. Only the in-memory [`Limiter`]
-/// is one; a remote store cannot tell when a unit frees.
-pub(crate) trait LocalStore<K>: Send + Sync {
-    /// Check `cost` units for `key` now, counting them if they fit.
-    fn check_n(&self, key: &K, cost: u32) -> Decision;
-    /// The key's window now, bucket by bucket (nothing counted).
-    fn window_snapshot(&self, key: &K) -> WindowSnapshot;
-    /// True while `decision` was counted in the current bucket.
-    fn is_current(&self, decision: &Decision) -> bool;
-}
-
-impl<K, C> LocalStore<K> for Limiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync,
-    C: Clock,
-{
-    fn check_n(&self, key: &K, cost: u32) -> Decision {
-        Limiter::check_n(self, key, cost)
-    }
-
-    fn window_snapshot(&self, key: &K) -> WindowSnapshot {
-        Limiter::window_snapshot(self, key)
-    }
-
-    fn is_current(&self, decision: &Decision) -> bool {
-        Limiter::is_current(self, decision)
-    }
-}
-
-/// How the waiting modes reach a layer's store as an in-memory limiter.
-pub(crate) type AsLocal<St, K> = fn(&St) -> &dyn LocalStore<K>;
-
-/// An admission through every policy of a layer: each policy's decision.
-pub(crate) type Admitted = [Option<Decision>; MAX_POLICIES];
-
-/// A layer's wait queues.
-pub(crate) type LayerQueues<K> = Queues<K, Admitted>;
 
 /// The reservation a backpressured service holds between `poll_ready` and `call`.
 pub(crate) type Ready<X, St, M> = Reservation<KeyOf<X>, Shared<X, St, M>, Admitted>;

@@ -4,7 +4,7 @@
 //! door (the check of an in-memory limiter), so these tests live in the crate.
 
 use crate::extract::key_fn;
-use crate::layer::waiting::LocalStore;
+use crate::layer::local::LocalStore;
 use crate::ring::WindowSnapshot;
 use crate::{Policy, SlidingWindowLayer, WaitConfig};
 use http::{Request, Response, StatusCode};
