@@ -46,14 +46,10 @@ pub enum Precision {
     ///
     /// It costs a little more per check: besides what a strict check reads
     /// (the sum of the older buckets kept beside the head, and the current
-    /// bucket), it reads the oldest bucket to weigh it. A hot key's check
-    /// takes about 425 instructions allowed and 540 denied, against 295 and
-    /// 315 strict (callgrind on `benches/profile.rs`:
-    /// `ours-hot-interpolated[-compact|-denied]`, `ours-hot[-denied]`;
-    /// default 15 buckets; the interpolated workloads also move the clock on
-    /// after each check, about 20 of their instructions). A denial whose cost
-    /// would not fit before the oldest bucket has left reads the whole ring
-    /// to say when it will.
+    /// bucket), it reads the oldest bucket to weigh it, and a denial whose
+    /// cost would not fit before the oldest bucket has left reads the whole
+    /// ring to say when it will. Choose it where admitting close to an exact
+    /// log matters more than a hard bound.
     Interpolated,
 }
 

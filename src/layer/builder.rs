@@ -663,8 +663,11 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
 
     /// Also sweep idle keys from a tokio task (off by default): each
     /// in-memory limiter once every bucket width of its policy. Checks sweep
-    /// by themselves, but only while traffic lasts; with this, keys left by a
-    /// flood are gone within a window and a bucket with no traffic at all. See
+    /// by themselves, but only while traffic lasts, and never hand memory
+    /// back; with this, keys left by a flood are gone within a window and a
+    /// bucket with no traffic at all, and the memory of the tables they leave
+    /// goes back to the system (see the [memory guide](crate::guide::memory)).
+    /// See
     /// [`LimiterBuilder::sweep_idle_every`](crate::store::LimiterBuilder::sweep_idle_every)
     /// for the cost, the clocks and when the task ends (when the layer and
     /// every service made from it are dropped).

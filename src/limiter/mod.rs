@@ -63,13 +63,14 @@ use sweep::Sweeper;
 /// still in its window; that copy over-counts (the other keys' units too) for at
 /// most one window.
 ///
-/// **Memory:** keys live in a few large tables, each key's ring inline, with
-/// no allocation per key: about 98 bytes of heap per tracked u64 key (107
-/// for an `IpAddr`) with the default 15 buckets and a limit up to 65 535
-/// (94 MiB for 1M keys), twice the bucket bytes for larger limits; under a
+/// **Memory:** keys live in tables, a partition's each, with each key's ring
+/// inline and no allocation per key: about 115 bytes of heap per tracked
+/// u64 or `IpAddr` key with the default 15 buckets and a limit up to 65 535
+/// (110 MiB for 1M keys), twice the bucket bytes for larger limits; under a
 /// KiB for a limiter that has not tracked a key yet, and about 20 KiB more
-/// at the default cap once it has (its partitions). Tables shrink as their
-/// keys are dropped, and go back to the allocator whole; with
+/// at the default cap once it has (its partitions). A key dropped as idle
+/// leaves its place to the next new key; tables shrink when the sweeper (or
+/// `evict_idle`) finds few keys left, and go back to the allocator whole; with
 /// [`LimiterBuilder::sweep_idle`] (or [`evict_idle`](Limiter::evict_idle))
 /// under glibc's malloc the limiter then asks for the memory to go back to
 /// the system too, so RSS falls after a flood. The

@@ -1,5 +1,5 @@
 -- tower-sliding-window: one sliding-window decision, atomically, on Redis' clock.
--- The same ring semantics as src/ring, with whole slot numbers instead of tags
+-- The same ring semantics as src/ring/mod.rs, with whole slot numbers instead of tags
 -- (Lua numbers are doubles: integers are exact below 2^53, and microseconds
 -- since 1970 stay below that until the year 2255).
 --

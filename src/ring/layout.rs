@@ -60,8 +60,7 @@ pub(crate) trait Line<B>: Send + Sync + Debug + Sized + 'static {
     /// every word's age (what `Ring::sum` takes from a ring of whole lines).
     /// The words are loaded as the word-by-word sum loads them, in order,
     /// then summed with their ages in 32 bits, which the compiler does in
-    /// vector registers: a key's first check in a new bucket runs about 65
-    /// instructions (a tenth) shorter than word by word, either layout.
+    /// vector registers: shorter than word by word, in either layout.
     fn sum_ages(&self, s: u64, from: u64, counted: u64) -> (u64, u64);
 }
 

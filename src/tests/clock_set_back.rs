@@ -1,4 +1,4 @@
-//! The limiter evicts idle keys by itself, one partition per bucket width, also
+//! The limiter evicts idle keys by itself, a partition at a time, also
 //! after its clock is set back (a `ManualClock`, or any custom `Clock` that is
 //! not monotonic, which the `Clock` docs say is tolerated).
 
