@@ -8,7 +8,7 @@
 //! order, and the ratio is taken within the round; the table gives the median
 //! round and the 10th–90th percentile range.
 //!
-//! Run: `cargo bench --bench paired` (two to three minutes). Contenders and workloads are
+//! Run: `cargo bench --bench paired` (about a minute). Contenders and workloads are
 //! those of `benches/limiter.rs` (`support/limiters.rs`): ours on its default
 //! clock, governor's keyed limiter on its own; u64 keys. Each on its default
 //! hasher (ours foldhash, governor std's SipHash), and a second table repeats
