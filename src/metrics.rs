@@ -98,10 +98,19 @@ mod on {
     }
 
     impl LayerMetrics {
-        /// A layer's label is its policy's name, or its policies' names
-        /// joined by `+`.
-        pub(crate) fn new<'a>(names: impl Iterator<Item = &'a str>) -> Self {
-            let label = names.collect::<Vec<_>>().join("+");
+        /// A layer of policies: labelled by its policy's name, or its
+        /// policies' names joined by `+`.
+        pub(crate) fn policies<'a>(names: impl Iterator<Item = &'a str>) -> Self {
+            Self::labelled(names.collect::<Vec<_>>().join("+"))
+        }
+
+        /// A layer of tiers: labelled `tiers`, whatever its tiers (a table
+        /// may hold many, and it changes at run time).
+        pub(crate) fn tiers() -> Self {
+            Self::labelled("tiers".to_owned())
+        }
+
+        fn labelled(label: String) -> Self {
             let outcome = |outcome: &'static str| counter!(REQUESTS, "policy" => label.clone(), "outcome" => outcome);
             LayerMetrics {
                 exempt: outcome("exempt"),
@@ -173,7 +182,12 @@ mod off {
 
     impl LayerMetrics {
         #[inline(always)]
-        pub(crate) fn new<'a>(_names: impl Iterator<Item = &'a str>) -> Self {
+        pub(crate) fn policies<'a>(_names: impl Iterator<Item = &'a str>) -> Self {
+            LayerMetrics
+        }
+
+        #[inline(always)]
+        pub(crate) fn tiers() -> Self {
             LayerMetrics
         }
 

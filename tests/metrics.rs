@@ -288,7 +288,7 @@ async fn a_layer_of_tiers_counts_unlimited_denied_and_unknown_tiers() {
     let requests = |outcome| {
         snapshot.counter(
             "tower_sliding_window_requests_total",
-            &[("policy", "free+internal+suspended"), ("outcome", outcome)],
+            &[("policy", "tiers"), ("outcome", outcome)],
         )
     };
     assert_eq!(requests("exempt"), 1);

@@ -415,7 +415,7 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
             }
             Counts::Policies(stores) => {
                 let policies = Policies::new(stores)?;
-                let metrics = LayerMetrics::new(policies.limits.iter().map(|l| &*l.name));
+                let metrics = LayerMetrics::policies(policies.limits.iter().map(|l| &*l.name));
                 (policies, None, metrics)
             }
             Counts::Tiers(tiers, factory) => {
@@ -427,7 +427,7 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
                         setting: "MissingKey::Fallback (name a tier and key for such requests in the extractor)",
                     });
                 }
-                let metrics = LayerMetrics::new(tiers.iter().map(|(name, _)| name));
+                let metrics = LayerMetrics::tiers();
                 let state =
                     TierState::new(&tiers, factory, settings.unknown_tier_fallback.clone())?;
                 (Policies::none(), Some(state), metrics)
