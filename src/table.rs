@@ -196,10 +196,7 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
         self.index.insert_unique(index_hash(hash), i as u32, |&j| {
             index_hash(entries[j as usize].hash.into())
         });
-        let entry = &mut self.entries[i];
-        entry.key = Some(key);
-        entry.hash = hash as u32;
-        init(self.ring(i));
+        self.occupy(i, hash, key, init);
         i
     }
 
@@ -232,11 +229,17 @@ impl<K: Hash + Eq, H: Head> Table<K, H> {
             self.ring_len,
         );
         vacant.insert(i as u32);
+        self.occupy(i, hash, owned(), init);
+        Place::Added(i)
+    }
+
+    /// Put `key` (of `hash`) at position `i`, which the index already
+    /// names, with a ring that `init` writes.
+    fn occupy(&mut self, i: usize, hash: u64, key: K, init: impl FnOnce(Ring<'_, H>)) {
         let entry = &mut self.entries[i];
-        entry.key = Some(owned());
+        entry.key = Some(key);
         entry.hash = hash as u32;
         init(self.ring(i));
-        Place::Added(i)
     }
 
     /// Drop the keys `idle` says are (their positions go free), then, if
