@@ -916,6 +916,27 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M: ModeConfig> SlidingWindowLayerBuilder<X, 
 
 /// HTTP responses.
 impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
+    /// The same settings and header options, answering rejections with
+    /// `response` (an HTTP rejection setting, as the header options are).
+    fn with_response<R2>(self, response: R2) -> SlidingWindowLayerBuilder<X, S, HttpRejection<R2>> {
+        let SlidingWindowLayerBuilder {
+            extractor,
+            stores,
+            mode,
+            mut settings,
+        } = self;
+        settings.http_rejection = true;
+        SlidingWindowLayerBuilder {
+            extractor,
+            stores,
+            mode: HttpRejection {
+                options: mode.options,
+                response,
+            },
+            settings,
+        }
+    }
+
     /// The status of a rate-limited plain HTTP response (default 429; some
     /// stacks use 503). Must be 4xx or 5xx. Also the status of a
     /// [`reject_with`](Self::reject_with) response that sets none of its own.
@@ -1045,22 +1066,13 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
     /// # Ok::<(), tower_sliding_window::ConfigError>(())
     /// ```
     pub fn reject_with<F>(
-        mut self,
+        self,
         hook: F,
     ) -> SlidingWindowLayerBuilder<X, S, HttpRejection<CustomResponse<F>>>
     where
         F: Send + Sync + 'static,
     {
-        self.settings.http_rejection = true;
-        SlidingWindowLayerBuilder {
-            extractor: self.extractor,
-            stores: self.stores,
-            mode: HttpRejection {
-                options: self.mode.options,
-                response: CustomResponse(hook),
-            },
-            settings: self.settings,
-        }
+        self.with_response(CustomResponse(hook))
     }
 
     /// Answer plain HTTP rejections with an RFC 9457 problem-details body
@@ -1105,19 +1117,8 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
     /// assert!(body.contains(r#""violated-policies":["hourly"]"#));
     /// # Ok(()) }
     /// ```
-    pub fn problem_details(
-        mut self,
-    ) -> SlidingWindowLayerBuilder<X, S, HttpRejection<ProblemDetails>> {
-        self.settings.http_rejection = true;
-        SlidingWindowLayerBuilder {
-            extractor: self.extractor,
-            stores: self.stores,
-            mode: HttpRejection {
-                options: self.mode.options,
-                response: ProblemDetails,
-            },
-            settings: self.settings,
-        }
+    pub fn problem_details(self) -> SlidingWindowLayerBuilder<X, S, HttpRejection<ProblemDetails>> {
+        self.with_response(ProblemDetails)
     }
 }
 
