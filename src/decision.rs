@@ -51,6 +51,10 @@ pub struct Decision {
     pub(crate) overflow: bool,
     /// Allowed without consulting the store (a store that failed open).
     pub(crate) unchecked: bool,
+    /// The incarnation of the key that counted the units, in a store that
+    /// can lose a key and create it again (Redis): an undo gives units back
+    /// only to the incarnation that counted them. 0 in memory.
+    pub(crate) incarnation: u64,
 }
 
 impl Decision {
@@ -106,6 +110,7 @@ impl Decision {
             cost: 0,
             overflow: false,
             unchecked: false,
+            incarnation: 0,
         }
     }
 
@@ -123,6 +128,7 @@ impl Decision {
             cost: 0,
             overflow: false,
             unchecked: true,
+            incarnation: 0,
         }
     }
 
@@ -144,6 +150,7 @@ impl Decision {
             cost: 0,
             overflow: false,
             unchecked: false,
+            incarnation: 0,
         }
     }
 

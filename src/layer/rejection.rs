@@ -19,6 +19,9 @@ use tower::BoxError;
 use tower_service::Service;
 
 /// Why a request is rejected.
+// Built on the rejection path only and lent to the hook, never stored: boxing
+// the large variant would cost each rejection an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Rejection<'a> {
     /// Over a limit: the binding policy's report, its name, and the names

@@ -5,12 +5,18 @@
 --
 -- KEYS[1]  the key: a string packed with struct.pack, written whole by each
 --          call that changes it and expiring (PX) once its newest units have
---          left the window. A header '<BdI4dd': format 1, the bucket width w
+--          left the window. A header '<BdI4ddd': format 2, the bucket width w
 --          (µs) and count N its slots are numbered in, the newest slot entered,
 --          the slot at which it was last converted from another width (-1:
---          never); then one record '<dI4' per slot holding units inside the
---          span (slot, units), newest first. One GET and one SET: a hash of a
+--          never), and the key's incarnation (the microsecond it was created:
+--          a key lost and created again is another incarnation); then one
+--          record '<dI4' per slot holding units inside the span (slot, units),
+--          newest first. Format 1 (the same without the incarnation) is read
+--          and written back as format 2. One GET and one SET: a hash of a
 --          field per slot costs a command more and a string per field.
+--          A record may lie ahead of the newest slot: a conversion to a
+--          narrower width puts an old slot's units at the new slot holding the
+--          old one's last instant, which may not have come yet.
 -- ARGV[1]  limit L
 -- ARGV[2]  N, buckets per window
 -- ARGV[3]  bucket width w in microseconds
@@ -19,16 +25,23 @@
 -- ARGV[6]  optional: the time in microseconds (tests), or "" for Redis' TIME
 -- ARGV[7]  optional, a lease: the units a second this instance expects of the
 --          key (0: no lease)
--- ARGV[8]  the units this instance still holds in a grant of the current slot
--- ARGV[9]  D: a grant takes at most 1/D of what the window has left
+-- ARGV[8]  the units this instance holds unused of the key, in all its grants
+-- ARGV[9]  D: what one instance holds unused of a key, its grants together,
+--          stays at most 1/D of what the window has left (its own unused
+--          units counted as left)
 -- ARGV[10] units handed back (a lease's leftovers, an undone decision) ...
--- ARGV[11] ... at this slot: lowered before the check, only while the slot is
---          inside the span, the key in this geometry and not converted at or
---          after it (else their units may have moved: nothing is given back).
+-- ARGV[11] ... at this slot ...
+-- ARGV[12] ... of this incarnation of the key: lowered before the check, only
+--          while the slot is inside the span, the key the incarnation that
+--          counted them, in this geometry and not converted at or after the
+--          slot (else their units may have moved, or were never counted here:
+--          nothing is given back).
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_us, slot, granted,
--- valid_us}: `granted` units counted at `slot` (the cost and a lease's extra
--- units, 0 when denied), usable for `valid_us`, until the slot ends.
+-- valid_us, incarnation, handed_back}: `granted` units counted at `slot` (the
+-- cost and a lease's extra units, 0 when denied), usable for `valid_us`, until
+-- the slot ends, in this `incarnation` of the key; `handed_back` of the units
+-- handed back were lowered (0: refused).
 --
 -- Every decision runs this, so its common path (a check of a key whose newest
 -- record is the current slot, or a new slot) unpacks the header and the
@@ -48,7 +61,7 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local HDR = 30 -- where the first record starts (the header is 29 bytes)
+local HDR = 38 -- where the first record starts (the header is 37 bytes)
 local REC = 12
 
 -- s = floor(now / w), corrected for the double division's rounding.
@@ -57,24 +70,32 @@ if s * w > now then s = s - 1 elseif (s + 1) * w <= now then s = s + 1 end
 
 -- A key of another type fails here with Redis' WRONGTYPE: never overwritten.
 local v = redis.call('GET', key)
-local newest, conv = -1, -1
+local newest, conv, born = -1, -1, now
 local dirty = false -- the key changes even if nothing is counted
 local same = true -- the key is numbered in this geometry (units may be handed back)
 local min_ttl = 0 -- a converted key lives at least as long as it would have
 
 if v then
-  local version, kw, kn
-  version, kw, kn, newest, conv = struct.unpack('<BdI4dd', v)
-  if version ~= 1 then
+  local version = string.byte(v, 1)
+  if version == 1 then
+    -- Written by an older version: incarnation 0 (a key created here never
+    -- has it), written back as format 2.
+    local kw, kn, nw, cv = struct.unpack('<dI4dd', v, 2)
+    v = struct.pack('<BdI4ddd', 2, kw, kn, nw, cv, 0) .. string.sub(v, 30)
+    dirty = true
+  elseif version ~= 2 then
     return redis.error_reply('tower-sliding-window: ' .. key .. ' is of an unknown format')
   end
+  local kw, kn
+  version, kw, kn, newest, conv, born = struct.unpack('<BdI4ddd', v)
   if kw ~= w then
     -- Slots of another width (the store was reconfigured to another window or
     -- bucket count; the key keeps its name so that its counts carry over). The
     -- script does not know the old window, so it moves counts conservatively:
     -- each old slot's units go to the slot holding that slot's last instant
-    -- (never earlier than when they were counted), at most the current slot;
-    -- those already out of this window are dropped. The clock reached at least
+    -- (never earlier than when they were counted, nor than a grant of that
+    -- slot may still admit them, so possibly a slot still to come); those
+    -- already out of this window are dropped. The clock reached at least
     -- the start of the old newest slot: that is the newest slot here, unless it
     -- is more than a window ahead (a clock that far behind is not held for).
     min_ttl = redis.call('PTTL', key)
@@ -88,14 +109,13 @@ if v then
       a = (o + 1) * kw - 1
       local p = math.floor(a / w)
       if p * w > a then p = p - 1 elseif (p + 1) * w <= a then p = p + 1 end
-      if p > s then p = s end
       if s - p <= n then
         if not moved[p] then slots[#slots + 1] = p end
         moved[p] = (moved[p] or 0) + c
       end
     end
     table.sort(slots, function(x, y) return x > y end)
-    local out = {struct.pack('<BdI4dd', 1, w, n, s, s)}
+    local out = {struct.pack('<BdI4ddd', 2, w, n, s, s, born)}
     for i = 1, #slots do out[i + 1] = struct.pack('<dI4', slots[i], moved[slots[i]]) end
     v = table.concat(out)
     newest, conv, dirty, same = s, s, true, false
@@ -109,7 +129,7 @@ if v then
   -- A newest slot more than a window ahead is not a lagging clock worth
   -- holding for: start the key afresh.
   if newest > s + n then
-    v, newest, conv, dirty = nil, -1, -1, true
+    v, newest, conv, born, dirty = nil, -1, -1, now, true
   end
 end
 
@@ -118,10 +138,13 @@ end
 if newest > s then s = newest end
 
 local back, back_slot = 0, -1
-if more and ARGV[10] then back, back_slot = tonumber(ARGV[10]), tonumber(ARGV[11]) end
+if more and ARGV[12] and same and tonumber(ARGV[12]) == born then
+  back, back_slot = tonumber(ARGV[10]), tonumber(ARGV[11])
+end
 
--- The records inside the span [s - N, s] are those before `cut` (newest
--- first, so the stale ones are a tail, dropped by not copying it).
+-- The records inside the span [s - N, s] (and any ahead of it) are those
+-- before `cut` (newest first, so the stale ones are a tail, dropped by not
+-- copying it).
 local used, oldest, cut = 0, 0, HDR
 local first_slot, first_count = -1, 0 -- the newest record
 local back_pos = nil -- the record units are handed back to
@@ -131,7 +154,7 @@ if v then
     local a = s - slot
     if a > n then break end
     if pos == HDR then first_slot, first_count = slot, c end
-    if slot == back_slot and back > 0 and slot > conv and same then
+    if slot == back_slot and back > 0 and slot > conv then
       if back > c then back = c end
       c = c - back
       back_pos = pos
@@ -174,8 +197,9 @@ if fits then
     if rate > 0 then
       -- A lease: what this instance expects to use until the slot ends, beyond
       -- what it holds, at most 1/D of what the window has left after the cost.
-      local extra = math.floor(rate * valid / 1000000) - tonumber(ARGV[8])
-      local cap = math.floor((limit - used - cost + bonus) / tonumber(ARGV[9]))
+      local have = tonumber(ARGV[8])
+      local extra = math.floor(rate * valid / 1000000) - have
+      local cap = math.floor((limit - used - cost + bonus + have) / tonumber(ARGV[9])) - have
       if extra > cap then extra = cap end
       if extra > 0 then granted = cost + extra end
     end
@@ -188,41 +212,38 @@ end
 local youngest = first_slot -- the newest slot holding units
 if granted > 0 or back > 0 or dirty or (s > newest and used > 0) then
   local value
-  if back == 0 then
+  if back == 0 and first_slot <= s then
     -- The common path: the current slot's record first, then the others as
     -- they are (the stale tail cut off).
     local from = HDR
     local head
     if granted == 0 then
-      head = struct.pack('<BdI4dd', 1, w, n, s, conv)
+      head = struct.pack('<BdI4ddd', 2, w, n, s, conv, born)
     elseif first_slot == s then
-      head = struct.pack('<BdI4dddI4', 1, w, n, s, conv, s, first_count + granted)
+      head = struct.pack('<BdI4ddddI4', 2, w, n, s, conv, born, s, first_count + granted)
       from = HDR + REC
     else
-      head = struct.pack('<BdI4dddI4', 1, w, n, s, conv, s, granted)
+      head = struct.pack('<BdI4ddddI4', 2, w, n, s, conv, born, s, granted)
     end
     if v and cut > from then value = head .. string.sub(v, from, cut - 1) else value = head end
   else
-    -- Units handed back: their record is lowered, or left out once empty.
-    local parts = {struct.pack('<BdI4dd', 1, w, n, s, conv)}
-    local from = HDR
-    if granted > 0 then
-      if first_slot == s then
-        local c = first_count + granted
-        if back_pos == HDR then c = c - back end
-        parts[2] = struct.pack('<dI4', s, c)
-        from = HDR + REC
-      else
-        parts[2] = struct.pack('<dI4', s, granted)
+    -- Units handed back, or records ahead of the current slot: the records
+    -- inside the span are rebuilt in order, the handed back ones lowered (or
+    -- left out once empty), the granted units added to the current slot.
+    local recs, counted = {}, false
+    for pos = HDR, cut - 1, REC do
+      local slot, c = struct.unpack('<dI4', v, pos)
+      if pos == back_pos then c = c - back end
+      if slot == s then
+        c = c + granted
+        counted = true
       end
+      if c > 0 then recs[#recs + 1] = {slot, c} end
     end
-    if back_pos >= from then
-      local slot, c = struct.unpack('<dI4', v, back_pos)
-      parts[#parts + 1] = string.sub(v, from, back_pos - 1)
-      if c > back then parts[#parts + 1] = struct.pack('<dI4', slot, c - back) end
-      from = back_pos + REC
-    end
-    parts[#parts + 1] = string.sub(v, from, cut - 1)
+    if granted > 0 and not counted then recs[#recs + 1] = {s, granted} end
+    table.sort(recs, function(x, y) return x[1] > y[1] end)
+    local parts = {struct.pack('<BdI4ddd', 2, w, n, s, conv, born)}
+    for i = 1, #recs do parts[i + 1] = struct.pack('<dI4', recs[i][1], recs[i][2]) end
     value = table.concat(parts)
   end
   youngest = -1
@@ -250,7 +271,7 @@ local remaining = limit - used + bonus
 if remaining < 0 then remaining = 0 end
 
 if fits then
-  return {1, remaining, 0, reset, s, granted, valid}
+  return {1, remaining, 0, reset, s, granted, valid, born, back}
 end
 
 -- The exact time until `cost` fits, as counts expire slot by slot (Ring::denied).
@@ -262,9 +283,12 @@ for pos = HDR, cut - 1, REC do
 end
 local target = limit - cost
 if target < 0 then target = 0 end
-local at = (s + n + 1) * w
+-- Units ahead of the current slot (first_slot > s) leave last.
+local last = n
+if first_slot > s then last = first_slot - s + n end
+local at = (s + last + 1) * w
 local u = used
-for k = 0, n do
+for k = 0, last do
   local leaving = counts[n - k] or 0
   local after = u - leaving
   if after <= target then
@@ -281,4 +305,4 @@ for k = 0, n do
 end
 local retry = at - now
 if retry < 1 then retry = 1 end
-return {0, remaining, retry, reset, s, 0, valid}
+return {0, remaining, retry, reset, s, 0, valid, born, back}

@@ -54,6 +54,7 @@ use std::time::{Duration, Instant};
 pub struct Leases {
     share: u32,
     keys: usize,
+    clock_tolerance_ppm: u32,
 }
 
 impl Leases {
@@ -61,19 +62,26 @@ impl Leases {
     pub const DEFAULT_SHARE: u32 = 4;
     /// Keys followed at once by default.
     pub const DEFAULT_KEYS: usize = 4096;
+    /// How much faster Redis' clock may run than an instance's, by default:
+    /// 20% (200 000 parts per million), more than two hosts whose NTP daemons
+    /// slew their clocks in opposite directions at the fastest rate of
+    /// ntpd's (500 ppm each) or chrony's (83 333 ppm each) defaults.
+    pub const DEFAULT_CLOCK_TOLERANCE_PPM: u32 = 200_000;
 
     /// The default settings.
     pub const fn new() -> Leases {
         Leases {
             share: Leases::DEFAULT_SHARE,
             keys: Leases::DEFAULT_KEYS,
+            clock_tolerance_ppm: Leases::DEFAULT_CLOCK_TOLERANCE_PPM,
         }
     }
 
-    /// A grant takes at most `1/share` of what the window has left after the
-    /// check's own cost (default 4), so that one instance cannot take what the
-    /// others need; 1 lets one grant take all of it.
-    /// [`build`](super::RedisStoreBuilder::build) rejects 0.
+    /// What one instance holds unused of a key, all its grants together, stays
+    /// at most `1/share` of what the window has left after the check's own
+    /// cost, its own unused units counted as left (default 4), so that one
+    /// instance cannot take what the others need; 1 lets one instance hold
+    /// all of it. [`build`](super::RedisStoreBuilder::build) rejects 0.
     pub const fn with_share(mut self, share: u32) -> Leases {
         self.share = share;
         self
@@ -97,6 +105,37 @@ impl Leases {
     pub const fn keys(&self) -> usize {
         self.keys
     }
+
+    /// How much faster, in parts per million, Redis' clock may run than this
+    /// instance's over one bucket (default
+    /// [`DEFAULT_CLOCK_TOLERANCE_PPM`](Leases::DEFAULT_CLOCK_TOLERANCE_PPM),
+    /// 20%). The instance stops admitting from a grant once a bucket's time
+    /// left, divided by `1 + ppm / 10⁶`, has passed here since it asked, so
+    /// that the grant's bucket has not ended on Redis' clock yet: the fleet's
+    /// guarantee holds as long as the clocks' rates differ by no more than
+    /// this. NTP daemons slew a clock to correct it: ntpd by at most 500 ppm,
+    /// chrony by up to 83 333 ppm by default (`maxslewrate`), so two hosts
+    /// slewing in opposite directions differ by up to about 182 000 ppm. A
+    /// larger tolerance ends grants earlier: a hot key then asks Redis for a
+    /// few more, shorter grants as each bucket ends (about one more round
+    /// trip per bucket for each factor of `1 + 10⁶ / ppm` between the bucket
+    /// and a round trip). 0 suits instances on Redis' own host.
+    pub const fn with_clock_tolerance_ppm(mut self, ppm: u32) -> Leases {
+        self.clock_tolerance_ppm = ppm;
+        self
+    }
+
+    /// See [`with_clock_tolerance_ppm`](Leases::with_clock_tolerance_ppm).
+    pub const fn clock_tolerance_ppm(&self) -> u32 {
+        self.clock_tolerance_ppm
+    }
+
+    /// How long a grant whose bucket had `valid` left on Redis' clock when
+    /// the script ran may be used here, from when it was asked for.
+    fn usable(&self, valid: Duration) -> Duration {
+        let ns = valid.as_nanos() * 1_000_000 / (1_000_000 + u128::from(self.clock_tolerance_ppm));
+        Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    }
 }
 
 impl Default for Leases {
@@ -109,18 +148,26 @@ impl Default for Leases {
 /// many units of the key in a bucket: a smaller one would save less than the
 /// round trip its hand-back may cost.
 const MIN_EXPECTED: f64 = 2.0;
-/// The instance stops admitting from a grant this share of its time early, for
-/// clocks that drift apart: a bucket of 4 s ends 4 ms early here.
-const DRIFT: u32 = 1000;
 /// A grant is renewed this long after its slot has ended on Redis' clock (at
 /// the latest: the reply came after the script ran), so that the renewal
 /// lands in the next slot. Timers fire to the millisecond.
 const RENEW_GUARD: Duration = Duration::from_millis(1);
 
+/// Units counted in Redis at `slot` of the key's `incarnation`: what a
+/// hand-back or an undo gives back (Redis lowers a count only in the
+/// incarnation of the key that counted the units).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counted {
+    pub(crate) slot: u64,
+    pub(crate) incarnation: u64,
+    pub(crate) units: u32,
+}
+
 /// The units of one grant this instance still holds.
 #[derive(Debug, Clone, Copy)]
 struct Grant {
     slot: u64,
+    incarnation: u64,
     left: u32,
     /// Admissions from the grant happen before this.
     expires: Instant,
@@ -185,10 +232,14 @@ impl Entry {
     }
 
     /// The grant's units, taken away, if it has any.
-    fn take_left(&mut self) -> Option<(u64, u32)> {
+    fn take_left(&mut self) -> Option<Counted> {
         let g = self.grant.as_mut()?;
         let left = std::mem::take(&mut g.left);
-        (left > 0).then_some((g.slot, left))
+        (left > 0).then_some(Counted {
+            slot: g.slot,
+            incarnation: g.incarnation,
+            units: left,
+        })
     }
 }
 
@@ -196,6 +247,7 @@ impl Entry {
 #[derive(Debug)]
 pub(crate) struct Leased {
     pub(crate) slot: u64,
+    pub(crate) incarnation: u64,
     /// Units the fleet had left at the grant, and this instance's rest of it.
     pub(crate) remaining: u32,
     pub(crate) reset: Duration,
@@ -208,15 +260,16 @@ pub(crate) struct Leased {
 pub(crate) struct Ask {
     /// Units a second this instance expects of the key (0: no grant).
     pub(crate) rate: f64,
-    /// Units it still holds in a grant of the current slot.
+    /// Units it still holds unused of the key.
     pub(crate) have: u32,
-    /// Units handed back in the same call, and their slot.
-    pub(crate) back: Option<(u64, u32)>,
+    /// Units handed back in the same call.
+    pub(crate) back: Option<Counted>,
 }
 
 /// A grant Redis answered, to be merged into the table.
 pub(crate) struct Reply {
     pub(crate) slot: u64,
+    pub(crate) incarnation: u64,
     /// Units beyond the check's cost.
     pub(crate) extra: u32,
     /// How long the slot lasted when the script ran.
@@ -227,11 +280,22 @@ pub(crate) struct Reply {
     pub(crate) reset: Duration,
 }
 
+impl Reply {
+    /// The grant's extra units, to hand back.
+    fn counted(&self) -> Counted {
+        Counted {
+            slot: self.slot,
+            incarnation: self.incarnation,
+            units: self.extra,
+        }
+    }
+}
+
 /// What the merge of a reply leaves to do.
 #[derive(Debug, Default)]
 pub(crate) struct Merged {
     /// Units this instance cannot hold (or no longer can use): hand them back.
-    pub(crate) back: Vec<(u64, u32)>,
+    pub(crate) back: Vec<Counted>,
     /// Start a task that renews the grant at this time.
     pub(crate) tick: Option<Instant>,
     /// The grant the entry now holds is renewed then (`None`: none held).
@@ -244,14 +308,15 @@ pub(crate) enum Tick {
     Wait(Instant),
     /// Ask for the next slot's grant, handing back the last one's leftovers
     /// (the key was busy in the last bucket and still is).
-    Renew { back: Option<(u64, u32)>, rate: f64 },
+    Renew { back: Option<Counted>, rate: f64 },
     /// The key went quiet (or leases were closed): hand back and stop.
-    End { back: Option<(u64, u32)> },
+    End { back: Option<Counted> },
 }
 
 pub(crate) struct LeaseTable {
     entries: Box<[Mutex<Entry>]>,
     hasher: foldhash::fast::RandomState,
+    settings: Leases,
     share: u32,
     width: Duration,
     /// The shortest span a rate is measured over: a sixteenth of a bucket (at
@@ -266,6 +331,7 @@ impl LeaseTable {
         LeaseTable {
             entries: (0..size).map(|_| Mutex::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
+            settings,
             share: settings.share.max(1),
             width,
             floor: (width / 16).min(Duration::from_secs(1)),
@@ -291,28 +357,43 @@ impl LeaseTable {
         self.open.load(Relaxed) && rate * self.width.as_secs_f64() >= MIN_EXPECTED
     }
 
-    /// A check of `cost` units of `key` at `now`: admitted from a grant, or
-    /// what to ask Redis for.
-    pub(crate) fn take(
+    /// A check of `cost` units of `key`: admitted from a grant, or what to ask
+    /// Redis for. The clock is read under the entry's lock, so that no check
+    /// admits from a grant at an instant read before another (a renewal, a
+    /// refill) replaced or handed it back.
+    pub(crate) fn take(&self, key: &[u8], hash: u64, cost: u32) -> Result<Leased, Ask> {
+        let mut e = self.entry(hash);
+        let now = Instant::now();
+        self.take_locked(&mut e, key, hash, cost, now)
+    }
+
+    /// [`take`](Self::take) at a given instant (for tests).
+    #[cfg(test)]
+    fn take_at(&self, key: &[u8], hash: u64, cost: u32, now: Instant) -> Result<Leased, Ask> {
+        let mut e = self.entry(hash);
+        self.take_locked(&mut e, key, hash, cost, now)
+    }
+
+    fn take_locked(
         &self,
+        e: &mut Entry,
         key: &[u8],
         hash: u64,
         cost: u32,
         now: Instant,
     ) -> Result<Leased, Ask> {
-        let mut e = self.entry(hash);
         if !e.is(hash, key) {
             if !e.is_free() {
                 return Err(Ask::default());
             }
             *e = Entry::fresh(hash);
         }
-        self.keep_period(&mut e, now);
+        self.keep_period(e, now);
         // The rate before this check: a first check is no sign of a busy key.
         let rate = e.rate(now, self.floor);
         e.period_units += u64::from(cost);
         e.last_seen = Some(now);
-        if let Some(leased) = self.admit(&mut e, cost, rate, now) {
+        if let Some(leased) = self.admit(e, cost, rate, now) {
             return Ok(leased);
         }
         // Not enough left for this check: the rest goes back in its call.
@@ -328,14 +409,9 @@ impl LeaseTable {
 
     /// [`take`](Self::take) for a caller that cannot wait for Redis: admitted
     /// from a grant, or nothing done (its `take` follows).
-    pub(crate) fn take_held(
-        &self,
-        key: &[u8],
-        hash: u64,
-        cost: u32,
-        now: Instant,
-    ) -> Option<Leased> {
+    pub(crate) fn take_held(&self, key: &[u8], hash: u64, cost: u32) -> Option<Leased> {
         let mut e = self.entry(hash);
+        let now = Instant::now();
         if !e.is(hash, key) {
             return None;
         }
@@ -366,7 +442,7 @@ impl LeaseTable {
             .as_mut()
             .filter(|g| now < g.expires && g.left >= cost)?;
         g.left -= cost;
-        let (slot, left, expires) = (g.slot, g.left, g.expires);
+        let (slot, incarnation, left, expires) = (g.slot, g.incarnation, g.left, g.expires);
         let remaining = g.remaining.saturating_add(left);
         let reset = g.reset_at.saturating_duration_since(now);
         let need = rate * expires.saturating_duration_since(now).as_secs_f64();
@@ -374,15 +450,17 @@ impl LeaseTable {
         e.fetching |= refill;
         Some(Leased {
             slot,
+            incarnation,
             remaining,
             reset,
             refill: refill.then_some(rate),
         })
     }
 
-    /// The units a background refill of `key` may still count on.
-    pub(crate) fn have(&self, key: &[u8], hash: u64, now: Instant) -> u32 {
+    /// The units of `key` this instance holds unused (and may still admit).
+    pub(crate) fn have(&self, key: &[u8], hash: u64) -> u32 {
         let e = self.entry(hash);
+        let now = Instant::now();
         match &e.grant {
             Some(g) if e.is(hash, key) && now < g.expires => g.left,
             _ => 0,
@@ -408,31 +486,31 @@ impl LeaseTable {
             *e = Entry::fresh(hash);
         } else {
             if reply.extra > 0 {
-                merged.back.push((reply.slot, reply.extra));
+                merged.back.push(reply.counted());
             }
             return merged;
         }
         if reply.extra > 0 && !self.open.load(Relaxed) {
-            merged.back.push((reply.slot, reply.extra));
+            merged.back.push(reply.counted());
         } else if reply.extra > 0 {
-            let early = reply.valid / DRIFT;
             let grant = Grant {
                 slot: reply.slot,
+                incarnation: reply.incarnation,
                 left: reply.extra,
-                expires: reply.sent + reply.valid - early,
+                expires: reply.sent + self.settings.usable(reply.valid),
                 renew_at: reply.received + reply.valid + RENEW_GUARD,
                 remaining: reply.remaining,
                 reset_at: reply.sent + reply.reset,
             };
             match e.grant.as_mut() {
-                Some(g) if g.slot == grant.slot => {
+                Some(g) if g.slot == grant.slot && g.incarnation == grant.incarnation => {
                     g.left += grant.left;
                     g.expires = g.expires.max(grant.expires);
                     g.renew_at = g.renew_at.max(grant.renew_at);
                     g.remaining = grant.remaining;
                     g.reset_at = grant.reset_at;
                 }
-                Some(g) if g.slot > grant.slot => merged.back.push((grant.slot, grant.left)),
+                Some(g) if g.slot > grant.slot => merged.back.push(reply.counted()),
                 _ => {
                     merged.back.extend(e.take_left());
                     e.grant = Some(grant);
@@ -492,32 +570,37 @@ impl LeaseTable {
         }
     }
 
-    /// An admitted decision of `slot` undone: its units go back into the
-    /// grant if it is still the one in force.
-    pub(crate) fn give_back(&self, key: &[u8], slot: u64, cost: u32, now: Instant) -> bool {
+    /// Units counted at `back`'s slot and incarnation, undone (or not used
+    /// after all): they go back into the grant if it is still the one in
+    /// force and was counted there.
+    pub(crate) fn give_back(&self, key: &[u8], back: Counted) -> bool {
         let hash = self.hash(key);
         let mut e = self.entry(hash);
-        if e.key.as_deref() != Some(key) {
+        let now = Instant::now();
+        if e.key.as_deref() != Some(key) || !self.open.load(Relaxed) {
             return false;
         }
         match e.grant.as_mut() {
-            Some(g) if g.slot == slot && now < g.expires => {
-                g.left += cost;
+            Some(g)
+                if g.slot == back.slot && g.incarnation == back.incarnation && now < g.expires =>
+            {
+                g.left += back.units;
                 true
             }
             _ => false,
         }
     }
 
-    /// No more grants: take every unit held, to be handed back.
-    pub(crate) fn close(&self) -> Vec<(Box<[u8]>, u64, u32)> {
+    /// No more grants: take every unit held, to be handed back. Once this
+    /// returns, no check admits from a grant of this table.
+    pub(crate) fn close(&self) -> Vec<(Box<[u8]>, Counted)> {
         self.open.store(false, Relaxed);
         let mut out = Vec::new();
         for entry in self.entries.iter() {
             let mut e = entry.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((slot, left)) = e.take_left() {
+            if let Some(back) = e.take_left() {
                 if let Some(key) = e.key.clone() {
-                    out.push((key, slot, left));
+                    out.push((key, back));
                 }
             }
         }
@@ -533,13 +616,24 @@ impl LeaseTable {
 mod tests {
     use super::*;
 
+    /// A table whose grants end 0.1% early (2 ms of the replies' 2 s).
     fn table() -> LeaseTable {
-        LeaseTable::new(Leases::new().with_keys(8), Duration::from_secs(4))
+        let leases = Leases::new().with_keys(8).with_clock_tolerance_ppm(1000);
+        LeaseTable::new(leases, Duration::from_secs(4))
+    }
+
+    fn counted(slot: u64, units: u32) -> Counted {
+        Counted {
+            slot,
+            incarnation: 1,
+            units,
+        }
     }
 
     fn reply(slot: u64, extra: u32, sent: Instant) -> Reply {
         Reply {
             slot,
+            incarnation: 1,
             extra,
             valid: Duration::from_secs(2),
             sent,
@@ -554,17 +648,17 @@ mod tests {
         let t = table();
         let t0 = Instant::now();
         let h = t.hash(b"k");
-        let ask = t.take(b"k", h, 1, t0).unwrap_err();
+        let ask = t.take_at(b"k", h, 1, t0).unwrap_err();
         assert_eq!(ask.rate, 0.0);
         // The second check 10 ms later: one unit over the floor of 250 ms
         // (a sixteenth of 4 s) is 4 a second: a grant is worth asking for.
         let ask = t
-            .take(b"k", h, 1, t0 + Duration::from_millis(10))
+            .take_at(b"k", h, 1, t0 + Duration::from_millis(10))
             .unwrap_err();
         assert_eq!(ask.rate, 4.0);
         // Only one request for units at a time.
         let ask = t
-            .take(b"k", h, 1, t0 + Duration::from_millis(20))
+            .take_at(b"k", h, 1, t0 + Duration::from_millis(20))
             .unwrap_err();
         assert_eq!(ask.rate, 0.0);
         // A key checked once in 3 s (1 s buckets): cold, no grant asked.
@@ -572,7 +666,7 @@ mod tests {
         let c = cold.hash(b"c");
         for i in 0..5 {
             let ask = cold
-                .take(b"c", c, 1, t0 + Duration::from_secs(3 * i))
+                .take_at(b"c", c, 1, t0 + Duration::from_secs(3 * i))
                 .unwrap_err();
             assert_eq!(ask.rate, 0.0, "check {i}");
         }
@@ -589,24 +683,54 @@ mod tests {
         assert!(tick > t0 + Duration::from_secs(2));
         for _ in 0..3 {
             let leased = t
-                .take(b"k", h, 1, t0 + Duration::from_millis(5))
+                .take_at(b"k", h, 1, t0 + Duration::from_millis(5))
                 .ok()
                 .unwrap();
             assert_eq!(leased.slot, 7);
         }
         // Spent: the next check goes to Redis.
-        assert!(t.take(b"k", h, 1, t0 + Duration::from_millis(6)).is_err());
+        assert!(t
+            .take_at(b"k", h, 1, t0 + Duration::from_millis(6))
+            .is_err());
         // Another key in the same table is not served from it.
-        assert!(t.take(b"j", t.hash(b"j"), 1, t0).is_err());
+        assert!(t.take_at(b"j", t.hash(b"j"), 1, t0).is_err());
 
         let t = table();
         t.granted(b"k", h, reply(7, 5, t0), false);
-        // Expired (2 s less 2 ms): not admitted, and the rest is handed back in
+        // Expired (2 s / 1.001): not admitted, and the rest is handed back in
         // the check's own call (else the renewal task would).
         let ask = t
-            .take(b"k", h, 1, t0 + Duration::from_millis(1999))
+            .take_at(b"k", h, 1, t0 + Duration::from_millis(1999))
             .unwrap_err();
-        assert_eq!(ask.back, Some((7, 5)));
+        assert_eq!(ask.back, Some(counted(7, 5)));
+    }
+
+    #[test]
+    fn a_grant_ends_here_before_its_bucket_can_end_on_a_faster_clock() {
+        let t0 = Instant::now();
+        let usable = |ppm: u32| {
+            let t = LeaseTable::new(
+                Leases::new().with_clock_tolerance_ppm(ppm),
+                Duration::from_secs(4),
+            );
+            let h = t.hash(b"k");
+            t.granted(b"k", h, reply(7, 1_000_000, t0), false);
+            let e = t.entry(h);
+            e.grant.unwrap().expires - t0
+        };
+        // 2 s left on Redis' clock: used here for 2 s / 1.2, so that a Redis
+        // clock running 20% faster is still inside the bucket.
+        assert_eq!(
+            usable(Leases::DEFAULT_CLOCK_TOLERANCE_PPM),
+            Duration::from_nanos(1_666_666_666)
+        );
+        assert_eq!(usable(1000), Duration::from_nanos(1_998_001_998));
+        assert_eq!(usable(0), Duration::from_secs(2));
+        for ppm in [0, 1, 500, 1000, 83_333, 200_000, 1_000_000, u32::MAX] {
+            let u = usable(ppm).as_secs_f64();
+            // Redis' elapsed time over the grant's use, at the tolerated rate.
+            assert!(u * (1.0 + f64::from(ppm) / 1e6) <= 2.0 + 1e-9, "{ppm}: {u}");
+        }
     }
 
     #[test]
@@ -616,7 +740,7 @@ mod tests {
         let h = t.hash(b"k");
         let merged = t.granted(b"k", h, reply(7, 50, t0), false);
         for i in 0..20 {
-            t.take(b"k", h, 1, t0 + Duration::from_millis(i))
+            t.take_at(b"k", h, 1, t0 + Duration::from_millis(i))
                 .ok()
                 .unwrap();
         }
@@ -624,7 +748,7 @@ mod tests {
         t.fetch_abandoned(b"k", h);
         let at = merged.tick.unwrap();
         // Still busy as the bucket ends.
-        t.take(b"k", h, 1, at - Duration::from_millis(10))
+        t.take_at(b"k", h, 1, at - Duration::from_millis(10))
             .ok()
             .unwrap();
         match t.tick(b"k", h, at - Duration::from_millis(500)) {
@@ -635,7 +759,7 @@ mod tests {
             Tick::Renew { back, rate } => (back, rate),
             _ => panic!("a busy key is renewed"),
         };
-        assert_eq!(back, Some((7, 29)));
+        assert_eq!(back, Some(counted(7, 29)));
         assert!(rate > 5.0, "{rate}");
         // The renewal brings nothing (near the limit): the task ends.
         let merged = t.granted(b"k", h, reply(8, 0, at), true);
@@ -644,7 +768,7 @@ mod tests {
         let t2 = table();
         let merged = t2.granted(b"q", t2.hash(b"q"), reply(7, 4, t0), false);
         match t2.tick(b"q", t2.hash(b"q"), merged.tick.unwrap()) {
-            Tick::End { back } => assert_eq!(back, Some((7, 4))),
+            Tick::End { back } => assert_eq!(back, Some(counted(7, 4))),
             _ => panic!("a quiet key is not renewed"),
         }
     }
@@ -656,18 +780,27 @@ mod tests {
         let (a, b) = (t.hash(b"a"), t.hash(b"b"));
         t.granted(b"a", a, reply(7, 5, t0), false);
         // One entry: "b" keeps asking Redis and cannot hold a grant here.
-        assert_eq!(t.take(b"b", b, 1, t0).unwrap_err().rate, 0.0);
+        assert_eq!(t.take_at(b"b", b, 1, t0).unwrap_err().rate, 0.0);
         let merged = t.granted(b"b", b, reply(7, 3, t0), false);
-        assert_eq!(merged.back, vec![(7, 3)]);
-        assert!(t.give_back(b"a", 7, 2, t0));
-        assert!(!t.give_back(b"a", 6, 2, t0));
+        assert_eq!(merged.back, vec![counted(7, 3)]);
+        assert!(t.give_back(b"a", counted(7, 2)));
+        assert!(!t.give_back(b"a", counted(6, 2)));
+        // Units of another incarnation of the key were never counted in this
+        // grant.
+        let other = Counted {
+            incarnation: 2,
+            ..counted(7, 2)
+        };
+        assert!(!t.give_back(b"a", other));
         let held = t.close();
         assert_eq!(held.len(), 1);
-        assert_eq!((&*held[0].0, held[0].1, held[0].2), (&b"a"[..], 7, 7));
+        assert_eq!((&*held[0].0, held[0].1), (&b"a"[..], counted(7, 7)));
+        // Closed: nothing goes back into a grant any more.
+        assert!(!t.give_back(b"a", counted(7, 1)));
         // Closed: no more grants are asked for or kept.
         assert_eq!(
             t.granted(b"a", a, reply(7, 3, t0), false).back,
-            vec![(7, 3)]
+            vec![counted(7, 3)]
         );
     }
 }

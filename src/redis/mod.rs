@@ -61,6 +61,7 @@ use breaker::{Admit, Breaker, Probe};
 pub use connection::{AsyncConnection, AsyncConnectionHandle};
 use connection::{Connection, Failure};
 use deny_cache::DenyCache;
+pub(crate) use lease::Counted;
 use lease::{Ask, LeaseTable, Leased, Reply, Tick};
 use std::fmt;
 use std::future::Future;
@@ -188,12 +189,32 @@ pub struct RedisStoreStats {
     /// Replies that granted units beyond the check's cost.
     pub lease_grants: u64,
     /// Units granted beyond the checks' costs, in all.
+    ///
+    /// Every unit a grant held ends in one of the counts below, so that,
+    /// once [`shutdown`](RedisStore::shutdown) has returned (nothing held),
+    /// granted and undone units together equal the units admitted, handed
+    /// back, refused and unreturned together; before it, the difference is
+    /// what this instance holds now.
     pub lease_units_granted: u64,
-    /// Of those, units handed back unused (a grant's leftovers at the end of
-    /// its bucket, at a change of policy or at shutdown) in calls Redis
-    /// answered. Units a grant holds now: granted, less those handed back,
-    /// less the lease decisions' costs.
+    /// Units admitted from leases (the lease decisions' costs).
+    pub lease_units_admitted: u64,
+    /// Units of undone decisions that went back into the grant they were
+    /// counted in, to be admitted again or handed back.
+    pub lease_units_undone: u64,
+    /// Units handed back unused (a grant's leftovers at the end of its
+    /// bucket, in a check's own call when the grant ran short, at a change of
+    /// policy or at shutdown) that Redis took back: lowered in the slot and
+    /// incarnation of the key that counted them.
     pub lease_units_handed_back: u64,
+    /// Units handed back that Redis refused, since it no longer counted them
+    /// where the grant did: the key was lost (expired, flushed, a restart
+    /// without persistence) and created again, converted to another window
+    /// or bucket count, or the grant's slot had left the window.
+    pub lease_units_refused: u64,
+    /// Units never handed back: Redis failed or timed out on the hand-back,
+    /// or the circuit breaker was open. They stay counted in Redis until
+    /// their slot leaves the window (the fleet admits less meanwhile).
+    pub lease_units_unreturned: u64,
     /// Checks decided by the fallback limiter ([`FailurePolicy::Fallback`]).
     pub fallback_decisions: u64,
 }
@@ -210,18 +231,24 @@ struct Counters {
     lease_decisions: AtomicU64,
     lease_grants: AtomicU64,
     lease_units_granted: AtomicU64,
+    lease_units_admitted: AtomicU64,
+    lease_units_undone: AtomicU64,
     lease_units_handed_back: AtomicU64,
+    lease_units_refused: AtomicU64,
+    lease_units_unreturned: AtomicU64,
     fallback_decisions: AtomicU64,
     /// `failures` when the last warning was logged.
     warned_failures: AtomicU64,
 }
 
 /// What the script answered: the decision, the units it counted (its cost,
-/// and a lease's), and how long its slot lasted then.
+/// and a lease's), how long its slot lasted then, and how many of the units
+/// handed back in the call it lowered.
 struct Answer {
     decision: Decision,
     granted: u32,
     valid: Duration,
+    handed_back: u32,
 }
 
 /// A lease's part of a call: units a second expected of the key here, and
@@ -441,7 +468,11 @@ impl RedisStore {
             lease_decisions: c.lease_decisions.load(Relaxed),
             lease_grants: c.lease_grants.load(Relaxed),
             lease_units_granted: c.lease_units_granted.load(Relaxed),
+            lease_units_admitted: c.lease_units_admitted.load(Relaxed),
+            lease_units_undone: c.lease_units_undone.load(Relaxed),
             lease_units_handed_back: c.lease_units_handed_back.load(Relaxed),
+            lease_units_refused: c.lease_units_refused.load(Relaxed),
+            lease_units_unreturned: c.lease_units_unreturned.load(Relaxed),
             fallback_decisions: c.fallback_decisions.load(Relaxed),
         }
     }
@@ -469,11 +500,15 @@ impl RedisStore {
     /// count: then they give nothing back, the safe side).
     ///
     /// With [leases](RedisStoreBuilder::leases), the change voids this
-    /// store's grants: the units it holds are handed back (in the background,
-    /// in the old geometry: nothing is given back to a key the new store has
-    /// already converted), and this store leases no more, so that no unit
-    /// granted under the old policy is admitted after the change. The new
-    /// store leases afresh, under the new policy.
+    /// store's grants before it returns: this store admits nothing more from
+    /// them and leases no more, so that no unit granted under the old policy
+    /// is admitted here after the change. The units it held are handed back
+    /// (in the background, in the old geometry: nothing is given back to a
+    /// key the new store has already converted). The new store leases
+    /// afresh, under the new policy. Other instances still on the old policy
+    /// keep their grants until their buckets end: a key converted meanwhile
+    /// keeps counting their units until then (see the guide's
+    /// [fleet chapter](crate::guide::fleet)).
     ///
     /// A change of limit (or precision) keeps the counts as they are: raising
     /// the limit gives room at once, lowering it denies until enough admitted
@@ -563,10 +598,12 @@ impl RedisStore {
             lease_settings: old.lease_settings,
             fallback: old.fallback.clone(),
         };
-        if old.leases.is_some() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let old = old.clone();
-                runtime.spawn(async move { old.close_leases().await });
+        // Voided now: no check of the old store admits from a grant once the
+        // new store exists. Handed back in the background.
+        if let Some(table) = &old.leases {
+            let held = table.close();
+            if !held.is_empty() {
+                old.spawn_hand_backs(held);
             }
         }
         Ok(RedisStore::from_inner(inner))
@@ -619,12 +656,60 @@ impl RedisStore {
     }
 }
 
+/// What one run of the script at an injected time answered (for tests that
+/// play an instance's lease by hand).
+#[cfg(all(test, not(tsw_loom)))]
+#[derive(Debug)]
+pub(crate) struct ScriptAnswer {
+    pub(crate) decision: Decision,
+    /// Units counted: the cost and a lease's extra units.
+    pub(crate) granted: u32,
+    /// How long the decision's slot lasted.
+    pub(crate) valid: Duration,
+    /// Units of the hand-back that Redis lowered.
+    pub(crate) handed_back: u32,
+}
+
+#[cfg(all(test, not(tsw_loom)))]
+impl RedisStore {
+    /// One run of the script at Redis time `now`: a check of `cost` units of
+    /// `key`, asking for a lease of `rate` units a second while this instance
+    /// holds `have` (a rate of 0 asks for none), after handing `back` back.
+    pub(crate) async fn script_at<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        now: Duration,
+        rate: f64,
+        have: u32,
+        back: Option<Counted>,
+    ) -> Result<ScriptAnswer, String> {
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        let now_us = u64::try_from(now.as_micros()).map_err(|e| e.to_string())?;
+        let lease = Some(LeaseArgs { rate, have });
+        match self
+            .inner
+            .call(&user, cost, Some(now_us), lease, back)
+            .await
+        {
+            Ok(a) => Ok(ScriptAnswer {
+                decision: a.decision,
+                granted: a.granted,
+                valid: a.valid,
+                handed_back: a.handed_back,
+            }),
+            Err(e) => Err(e.into_error(Duration::ZERO).to_string()),
+        }
+    }
+}
+
 impl RedisStore {
     /// [`Store::undo`], awaited instead of fired and forgotten (for tests).
     #[cfg(all(test, not(tsw_loom)))]
     pub(crate) async fn undo_now<K: RedisKey + ?Sized>(&self, key: &K, decision: &Decision) {
-        if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
-            self.inner.run_undo(user, slot, cost, None).await;
+        if let Some((user, back)) = self.inner.undo_target(key, decision) {
+            self.inner.run_undo(user, back, None).await;
         }
     }
 
@@ -638,9 +723,9 @@ impl RedisStore {
         decision: &Decision,
         now: Duration,
     ) {
-        if let Some((user, slot, cost)) = self.inner.undo_target(key, decision) {
+        if let Some((user, back)) = self.inner.undo_target(key, decision) {
             let now_us = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
-            self.inner.run_undo(user, slot, cost, Some(now_us)).await;
+            self.inner.run_undo(user, back, Some(now_us)).await;
         }
     }
 }
@@ -1039,15 +1124,15 @@ impl Inner {
     }
 
     /// One run of the script: a check of `cost` units (asking for a lease's
-    /// extra units too, with `lease`), with `back` units handed back at a
-    /// slot first, at `now_us` or Redis' time.
+    /// extra units too, with `lease`), with `back` units handed back first,
+    /// at `now_us` or Redis' time.
     async fn call(
         &self,
         user: &[u8],
         cost: u32,
         now_us: Option<u64>,
         lease: Option<LeaseArgs>,
-        back: Option<(u64, u32)>,
+        back: Option<Counted>,
     ) -> Result<Answer, Failure> {
         bump(&self.counters.round_trips);
         let mut invocation = self.check.prepare_invoke();
@@ -1071,8 +1156,11 @@ impl Inner {
             let rate = format!("{:.3}", lease.rate);
             invocation.arg(rate).arg(lease.have).arg(share);
         }
-        if let Some((slot, units)) = back {
-            invocation.arg(units).arg(slot);
+        if let Some(back) = back {
+            invocation
+                .arg(back.units)
+                .arg(back.slot)
+                .arg(back.incarnation);
         }
         let reply: Vec<i64> = self.invoke(&invocation).await?;
         self.parse(&reply, cost).ok_or(Failure::Reply)
@@ -1114,9 +1202,11 @@ impl Inner {
     }
 
     /// `{allowed, remaining, retry_after_us, reset_us, slot, granted,
-    /// valid_us}` into an answer.
+    /// valid_us, incarnation, handed_back}` into an answer.
     fn parse(&self, reply: &[i64], cost: u32) -> Option<Answer> {
-        let &[allowed, remaining, retry_us, reset_us, slot, granted, valid_us] = reply else {
+        let &[allowed, remaining, retry_us, reset_us, slot, granted, valid_us, incarnation, handed_back] =
+            reply
+        else {
             return None;
         };
         let micros = |v: i64| u64::try_from(v).ok().map(Duration::from_micros);
@@ -1133,6 +1223,7 @@ impl Inner {
             micros(reset_us)?,
         );
         d.slot = u64::try_from(slot).ok()?;
+        d.incarnation = u64::try_from(incarnation).ok()?;
         if outcome == Outcome::Allowed {
             d.cost = cost;
         }
@@ -1140,6 +1231,7 @@ impl Inner {
             decision: d,
             granted: u32::try_from(granted).ok()?,
             valid: micros(valid_us)?,
+            handed_back: u32::try_from(handed_back).ok()?,
         })
     }
 
@@ -1177,6 +1269,9 @@ impl Inner {
         match self.call(&user, cost, None, lease, back).await {
             Ok(answer) => {
                 self.redis_answered(probe);
+                if let Some(back) = back {
+                    self.handed_back(&user, back, answer.handed_back);
+                }
                 let mut decision = answer.decision;
                 if let (Some(()), Some((hash, _))) = (fetch.map(Fetch::done), ask) {
                     let extra = answer.granted.saturating_sub(cost);
@@ -1194,6 +1289,9 @@ impl Inner {
                 Ok(decision)
             }
             Err(failure) => {
+                if let Some(back) = back {
+                    self.unreturned(back.units);
+                }
                 let error = self.note_failure(failure, probe, sent);
                 self.apply_policy(&user, cost, error)
             }
@@ -1348,7 +1446,7 @@ impl Inner {
             return Err(None);
         }
         let hash = table.hash(user);
-        match table.take(user, hash, cost, Instant::now()) {
+        match table.take(user, hash, cost) {
             Ok(leased) => Ok(self.lease_decision(user, hash, cost, leased)),
             Err(ask) => Err(Some((hash, ask))),
         }
@@ -1361,7 +1459,7 @@ impl Inner {
             return None;
         }
         let hash = table.hash(user);
-        let leased = table.take_held(user, hash, cost, Instant::now())?;
+        let leased = table.take_held(user, hash, cost)?;
         Some(self.lease_decision(user, hash, cost, leased))
     }
 
@@ -1374,6 +1472,9 @@ impl Inner {
         leased: Leased,
     ) -> Decision {
         bump(&self.counters.lease_decisions);
+        self.counters
+            .lease_units_admitted
+            .fetch_add(u64::from(cost), Relaxed);
         self.metrics.lease_decision();
         self.metrics.decided(true);
         if let Some(rate) = leased.refill {
@@ -1387,6 +1488,7 @@ impl Inner {
             leased.reset,
         );
         d.slot = leased.slot;
+        d.incarnation = leased.incarnation;
         d.cost = cost;
         d
     }
@@ -1400,9 +1502,12 @@ impl Inner {
         if ask.rate > 0.0 {
             table.fetch_abandoned(user, hash);
         }
-        if let Some((slot, units)) = ask.back {
-            // Still this instance's to use if the grant is in force.
-            table.give_back(user, slot, units, Instant::now());
+        if let Some(back) = ask.back {
+            // Still this instance's to use if the grant is in force; else
+            // they stay counted in Redis until their slot leaves the window.
+            if !table.give_back(user, back) {
+                self.unreturned(back.units);
+            }
         }
     }
 
@@ -1423,6 +1528,7 @@ impl Inner {
         let table = self.leases.as_ref()?;
         let reply = Reply {
             slot: answer.decision.slot,
+            incarnation: answer.decision.incarnation,
             extra,
             valid: answer.valid,
             sent,
@@ -1438,8 +1544,9 @@ impl Inner {
             self.metrics.lease_granted(extra);
         }
         let merged = table.granted(user, hash, reply, ticker);
-        for (slot, units) in merged.back {
-            self.spawn_hand_back(user.to_vec(), slot, units);
+        if !merged.back.is_empty() {
+            let held = merged.back.into_iter().map(|b| (user.into(), b));
+            self.spawn_hand_backs(held.collect());
         }
         if let Some(at) = merged.tick {
             self.spawn_renewals(user.to_vec(), hash, at);
@@ -1462,7 +1569,7 @@ impl Inner {
                 return;
             }
             let fetch = Fetch::new(table, &user, hash);
-            let have = table.have(&user, hash, Instant::now());
+            let have = table.have(&user, hash);
             let sent = Instant::now();
             let lease = LeaseArgs { rate, have };
             match inner.call(&user, 0, None, Some(lease), None).await {
@@ -1497,8 +1604,8 @@ impl Inner {
                 match table.tick(&user, hash, Instant::now()) {
                     Tick::Wait(next) => at = next,
                     Tick::End { back } => {
-                        if let Some((slot, units)) = back {
-                            inner.hand_back(&user, slot, units).await;
+                        if let Some(back) = back {
+                            inner.hand_back(&user, back).await;
                         }
                         return;
                     }
@@ -1506,6 +1613,9 @@ impl Inner {
                         let fetch = Fetch::new(table, &user, hash);
                         if !inner.redis_in_use() {
                             table.renewal_failed(&user, hash);
+                            if let Some(back) = back {
+                                inner.unreturned(back.units);
+                            }
                             return;
                         }
                         let sent = Instant::now();
@@ -1514,8 +1624,8 @@ impl Inner {
                             Ok(answer) => {
                                 inner.redis_answered(None);
                                 fetch.done();
-                                if let Some((_, units)) = back {
-                                    inner.handed_back(&user, units);
+                                if let Some(back) = back {
+                                    inner.handed_back(&user, back, answer.handed_back);
                                 }
                                 let received = Instant::now();
                                 let extra = answer.granted;
@@ -1529,6 +1639,9 @@ impl Inner {
                             Err(failure) => {
                                 inner.note_failure(failure, None, sent);
                                 table.renewal_failed(&user, hash);
+                                if let Some(back) = back {
+                                    inner.unreturned(back.units);
+                                }
                                 return;
                             }
                         }
@@ -1538,53 +1651,77 @@ impl Inner {
         });
     }
 
-    /// Hand `units` counted at `slot` back to Redis, in the background.
-    fn spawn_hand_back(self: &Arc<Self>, user: Vec<u8>, slot: u64, units: u32) {
+    /// Hand units back to Redis, in the background, concurrently.
+    fn spawn_hand_backs(self: &Arc<Self>, held: Vec<(Box<[u8]>, Counted)>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            for (_, back) in held {
+                self.unreturned(back.units);
+            }
             return;
         };
         let inner = self.clone();
-        runtime.spawn(async move { inner.hand_back(&user, slot, units).await });
+        runtime.spawn(async move { inner.hand_back_all(held).await });
     }
 
-    /// Hand a lease's unused `units` counted at `slot` back to Redis.
-    async fn hand_back(&self, user: &[u8], slot: u64, units: u32) {
+    /// Hand units back to Redis, concurrently; returns once Redis has
+    /// answered each (or its timeout passed).
+    async fn hand_back_all(self: &Arc<Self>, held: Vec<(Box<[u8]>, Counted)>) {
+        let mut hand_backs = tokio::task::JoinSet::new();
+        for (user, back) in held {
+            let inner = self.clone();
+            hand_backs.spawn(async move { inner.hand_back(&user, back).await });
+        }
+        while hand_backs.join_next().await.is_some() {}
+    }
+
+    /// Hand a lease's unused units back to Redis.
+    async fn hand_back(&self, user: &[u8], back: Counted) {
         if !self.redis_in_use() {
+            self.unreturned(back.units);
             return;
         }
         let sent = Instant::now();
-        match self.call(user, 0, None, None, Some((slot, units))).await {
-            Ok(_) => {
+        match self.call(user, 0, None, None, Some(back)).await {
+            Ok(answer) => {
                 self.redis_answered(None);
-                self.handed_back(user, units);
+                self.handed_back(user, back, answer.handed_back);
             }
             Err(failure) => {
+                self.unreturned(back.units);
                 self.note_failure(failure, None, sent);
             }
         }
     }
 
-    /// Units of `user` handed back in Redis: count them, and drop a denial
-    /// of the key this instance may have cached meanwhile.
-    fn handed_back(&self, user: &[u8], units: u32) {
-        self.counters
-            .lease_units_handed_back
-            .fetch_add(u64::from(units), Relaxed);
-        self.metrics.lease_handed_back(units);
-        if let Some(cache) = &self.deny_cache {
-            cache.remove(user);
+    /// Redis answered a hand-back of `back`, lowering `taken` of its units:
+    /// count them (the rest were refused), and drop a denial of the key this
+    /// instance may have cached meanwhile.
+    fn handed_back(&self, user: &[u8], back: Counted, taken: u32) {
+        let taken = taken.min(back.units);
+        let c = &self.counters;
+        c.lease_units_handed_back
+            .fetch_add(u64::from(taken), Relaxed);
+        c.lease_units_refused
+            .fetch_add(u64::from(back.units - taken), Relaxed);
+        self.metrics.lease_handed_back(taken);
+        if taken > 0 {
+            if let Some(cache) = &self.deny_cache {
+                cache.remove(user);
+            }
         }
+    }
+
+    /// Units of a grant that will not be handed back.
+    fn unreturned(&self, units: u32) {
+        self.counters
+            .lease_units_unreturned
+            .fetch_add(u64::from(units), Relaxed);
     }
 
     /// Stop leasing and hand back every unit held, concurrently.
     async fn close_leases(self: &Arc<Self>) {
         let Some(table) = &self.leases else { return };
-        let mut hand_backs = tokio::task::JoinSet::new();
-        for (user, slot, units) in table.close() {
-            let inner = self.clone();
-            hand_backs.spawn(async move { inner.hand_back(&user, slot, units).await });
-        }
-        while hand_backs.join_next().await.is_some() {}
+        self.hand_back_all(table.close()).await;
     }
 
     /// What an undo of `decision` gives back (nothing unless it counted units), after
@@ -1593,7 +1730,7 @@ impl Inner {
         &self,
         key: &K,
         decision: &Decision,
-    ) -> Option<(Vec<u8>, u64, u32)> {
+    ) -> Option<(Vec<u8>, Counted)> {
         if !decision.is_allowed() || decision.cost == 0 || decision.is_unchecked() {
             return None;
         }
@@ -1611,20 +1748,28 @@ impl Inner {
         if let Some(cache) = &self.deny_cache {
             cache.remove(&user);
         }
+        let back = Counted {
+            slot: decision.slot,
+            incarnation: decision.incarnation,
+            units: decision.cost,
+        };
         // Back into this instance's grant while it is in force.
         if let Some(table) = &self.leases {
-            if table.give_back(&user, decision.slot, decision.cost, Instant::now()) {
+            if table.give_back(&user, back) {
+                self.counters
+                    .lease_units_undone
+                    .fetch_add(u64::from(back.units), Relaxed);
                 return None;
             }
         }
-        Some((user, decision.slot, decision.cost))
+        Some((user, back))
     }
 
-    /// Give `cost` units back at `slot` (at `now_us` or Redis' time).
-    async fn run_undo(&self, user: Vec<u8>, slot: u64, cost: u32, now_us: Option<u64>) {
+    /// Give units back (at `now_us` or Redis' time).
+    async fn run_undo(&self, user: Vec<u8>, back: Counted, now_us: Option<u64>) {
         bump(&self.counters.undos);
         let sent = Instant::now();
-        match self.call(&user, 0, now_us, None, Some((slot, cost))).await {
+        match self.call(&user, 0, now_us, None, Some(back)).await {
             Ok(_) => self.redis_answered(None),
             Err(failure) => {
                 self.note_failure(failure, None, sent);
@@ -1731,7 +1876,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
     /// cache. While the circuit breaker is not closed the units stay counted
     /// in Redis (the safe side).
     fn undo(&self, key: &K, decision: &Decision) {
-        let Some((user, slot, cost)) = self.inner.undo_target(key, decision) else {
+        let Some((user, back)) = self.inner.undo_target(key, decision) else {
             return;
         };
         if !self.inner.redis_in_use() {
@@ -1742,7 +1887,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
             return;
         };
         let inner = self.inner.clone();
-        runtime.spawn(async move { inner.run_undo(user, slot, cost, None).await });
+        runtime.spawn(async move { inner.run_undo(user, back, None).await });
     }
 
     fn policy(&self) -> &Policy {

@@ -1100,6 +1100,7 @@ fn denial(
         cost: 0,
         overflow: false,
         unchecked: false,
+        incarnation: 0,
     }
 }
 
@@ -1170,6 +1171,7 @@ fn admitted(g: &Geometry, room: u64, used: u64, s: u64, now: u64, cost: u32) -> 
         cost,
         overflow: false,
         unchecked: false,
+        incarnation: 0,
     }
 }
 
@@ -1192,6 +1194,7 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
         cost: 0,
         overflow: false,
         unchecked: false,
+        incarnation: 0,
     }
 }
 

@@ -8,6 +8,8 @@ mod layer_hooks;
 mod limiter_model;
 mod reconfigure_model;
 #[cfg(feature = "redis")]
+mod redis_lease_changes;
+#[cfg(feature = "redis")]
 mod redis_leases;
 #[cfg(feature = "redis")]
 mod redis_reconfigured;

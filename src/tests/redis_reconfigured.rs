@@ -185,8 +185,10 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
     assert!(d.is_allowed(), "{d:?}");
 
     // Back to a shorter window, 2 buckets of 2 s: the 4 units at 5 s slot 205
-    // (last instant 1029.999999 s) go to the current 2 s slot, 513 at 1026 s,
-    // and count until slot 516 begins.
+    // (last instant 1029.999999 s) go to the 2 s slot holding that instant,
+    // 514, ahead of the current one (513 at 1026 s: an instance still on the
+    // old policy may admit units of a grant of slot 205 until 1030 s), and
+    // count until slot 517 begins.
     let shorter = longer
         .reconfigured(policy(4, Duration::from_secs(4), 2))
         .unwrap();
@@ -195,13 +197,17 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
         .await
         .unwrap()
         .is_allowed());
+    let d = shorter.check_at(&"k", 1, secs(1_031.999)).await.unwrap();
+    assert!(!d.is_allowed());
+    // The exact wait: until slot 517 begins.
+    assert_eq!(d.retry_after(), Some(Duration::from_micros(2_001_000)));
     assert!(!shorter
-        .check_at(&"k", 1, secs(1_031.999))
+        .check_at(&"k", 1, secs(1_033.999))
         .await
         .unwrap()
         .is_allowed());
     assert!(shorter
-        .check_at(&"k", 4, secs(1_032.0))
+        .check_at(&"k", 4, secs(1_034.0))
         .await
         .unwrap()
         .is_allowed());

@@ -258,16 +258,17 @@ impl Drop for RedisServer {
     }
 }
 
-/// A key of the Redis store as its script packs it: a header `<BdI4dd`
-/// (format 1, bucket width in µs, bucket count, newest slot entered, slot of
-/// the last conversion or -1), then one record `<dI4` (slot, units) per slot
-/// holding units, newest first.
+/// A key of the Redis store as its script packs it: a header `<BdI4ddd`
+/// (format 2, bucket width in µs, bucket count, newest slot entered, slot of
+/// the last conversion or -1, the key's incarnation), then one record `<dI4`
+/// (slot, units) per slot holding units, newest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedKey {
     pub width_us: u64,
     pub buckets: u32,
     pub newest: u64,
     pub converted: Option<u64>,
+    pub incarnation: u64,
     pub slots: Vec<(u64, u32)>,
 }
 
@@ -275,15 +276,16 @@ impl PackedKey {
     pub fn unpack(bytes: &[u8]) -> PackedKey {
         let f64_at = |i: usize| f64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
         let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
-        assert_eq!(bytes[0], 1, "format 1: {bytes:?}");
-        assert_eq!((bytes.len() - 29) % 12, 0, "whole records: {bytes:?}");
+        assert_eq!(bytes[0], 2, "format 2: {bytes:?}");
+        assert_eq!((bytes.len() - 37) % 12, 0, "whole records: {bytes:?}");
         let converted = f64_at(21);
         PackedKey {
             width_us: f64_at(1) as u64,
             buckets: u32_at(9),
             newest: f64_at(13) as u64,
             converted: (converted >= 0.0).then_some(converted as u64),
-            slots: (29..bytes.len())
+            incarnation: f64_at(29) as u64,
+            slots: (37..bytes.len())
                 .step_by(12)
                 .map(|i| (f64_at(i) as u64, u32_at(i + 8)))
                 .collect(),
