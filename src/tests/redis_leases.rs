@@ -1,10 +1,13 @@
 //! Leases against a private `redis-server` (on this host, so Redis' `TIME`
 //! and `SystemTime` read the same clock): random request streams on three
-//! instances, whose merged admissions are checked window by window against
-//! the limit, each lease admission checked to fall inside the bucket it was
-//! counted in, and Redis' counts checked to hold exactly the units admitted
-//! once every instance has handed its leftovers back. The tests are
-//! `#[ignore]`d like the other Redis tests: run them with `--include-ignored`.
+//! instances, with random changes of policy (window, bucket count, limit)
+//! mid-stream on each instance at its own time, as in a rolling deploy.
+//! Their merged admissions are checked window by window against the limit,
+//! each lease admission checked to fall inside the bucket it was counted in,
+//! the lease counters checked to add up once every instance has handed its
+//! leftovers back, and, where no policy changed, Redis' counts checked to
+//! hold exactly the units admitted. The tests are `#[ignore]`d like the
+//! other Redis tests: run them with `--include-ignored`.
 
 use super::redis_support::*;
 use crate::redis::Leases;
@@ -20,12 +23,14 @@ fn wall_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// One instance's stream: per step, a pause, a key (of 2) and a cost.
+/// One instance's stream: per step, a pause, a key (of 2) and a cost, and
+/// now and then a change to another policy (an index into the run's three).
 #[derive(Debug, Clone)]
 struct Step {
     pause_ms: u64,
     key: u8,
     cost: u32,
+    change: Option<usize>,
 }
 
 fn stream() -> impl Strategy<Value = Vec<Step>> {
@@ -33,33 +38,82 @@ fn stream() -> impl Strategy<Value = Vec<Step>> {
         prop_oneof![6 => Just(0u64), 3 => 1..=4u64, 1 => 5..=40u64],
         0..2u8,
         prop_oneof![4 => Just(1u32), 1 => 2..=3u32],
+        prop_oneof![97 => Just(None), 3 => (0..3usize).prop_map(Some)],
     )
-        .prop_map(|(pause_ms, key, cost)| Step {
+        .prop_map(|(pause_ms, key, cost, change)| Step {
             pause_ms,
             key,
             cost,
+            change,
         });
     prop::collection::vec(step, 150..400)
 }
 
-/// One admission: its key, slot and cost, whether a lease admitted it, and
-/// the wall clock just before and after the check.
+/// A policy of the run: `limit` per `buckets` buckets of `width_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    limit: u32,
+    buckets: u32,
+    width_ms: u64,
+}
+
+impl Shape {
+    fn policy(&self) -> Policy {
+        Policy::builder()
+            .limit(self.limit)
+            .window(Duration::from_millis(
+                self.width_ms * u64::from(self.buckets),
+            ))
+            .buckets(self.buckets)
+            .build()
+            .unwrap()
+    }
+
+    fn window_us(&self) -> u64 {
+        self.width_ms * 1000 * u64::from(self.buckets)
+    }
+}
+
+fn shape() -> impl Strategy<Value = Shape> {
+    (5..=40u32, 2..=6u32, 40..=120u64).prop_map(|(limit, buckets, width_ms)| Shape {
+        limit,
+        buckets,
+        width_ms,
+    })
+}
+
+/// One admission: its key, slot and cost, the policy it was decided under
+/// (for a lease, the one its grant was counted under), whether a lease
+/// admitted it, and the wall clock just before and after the check.
 #[derive(Debug, Clone, Copy)]
 struct Admission {
     key: u8,
     slot: u64,
     cost: u32,
+    shape: usize,
     leased: bool,
     before_us: u64,
     after_us: u64,
 }
 
-/// Run one instance's stream; its admissions.
-async fn run_stream(store: RedisStore, steps: Vec<Step>) -> Vec<Admission> {
+/// Run one instance's stream from `shapes[0]`; its admissions, and every
+/// store it used (the last one current).
+async fn run_stream(
+    mut store: RedisStore,
+    shapes: [Shape; 3],
+    steps: Vec<Step>,
+) -> (Vec<Admission>, Vec<RedisStore>) {
     let mut out = Vec::new();
+    let mut shape = 0;
+    let mut used = Vec::new();
     for step in steps {
         if step.pause_ms > 0 {
             tokio::time::sleep(Duration::from_millis(step.pause_ms)).await;
+        }
+        if let Some(to) = step.change.filter(|&to| to != shape) {
+            let next = store.reconfigured(shapes[to].policy()).unwrap();
+            used.push(std::mem::replace(&mut store, next));
+            shape = to;
         }
         let leased_before = store.stats().lease_decisions;
         let before_us = wall_us();
@@ -70,31 +124,48 @@ async fn run_stream(store: RedisStore, steps: Vec<Step>) -> Vec<Admission> {
                 key: step.key,
                 slot: d.recorded_slot(),
                 cost: d.cost(),
+                shape,
                 leased: store.stats().lease_decisions > leased_before,
                 before_us,
                 after_us,
             });
         }
     }
-    out
+    used.push(store);
+    (out, used)
+}
+
+/// Units of `admitted` certainly inside the window of `a`'s policy that ends
+/// at `a` (their checks ran after the window's start and ended before `a`'s
+/// began), and `a`'s own.
+fn certainly_in_window(admitted: &[Admission], a: &Admission, window_us: u64) -> u32 {
+    let start = a.after_us.saturating_sub(window_us);
+    let others: u32 = admitted
+        .iter()
+        .filter(|b| b.key == a.key && b.before_us > start && b.after_us <= a.before_us)
+        .map(|b| b.cost)
+        .sum();
+    others + a.cost
+}
+
+/// Whether every admission that may lie in the window of `a`'s policy ending
+/// at `a` was decided under that policy.
+fn window_of_one_policy(admitted: &[Admission], a: &Admission, window_us: u64) -> bool {
+    let start = a.before_us.saturating_sub(window_us);
+    admitted
+        .iter()
+        .filter(|b| b.key == a.key && b.after_us > start && b.before_us <= a.after_us)
+        .all(|b| b.shape == a.shape)
 }
 
 async fn three_instances(
-    limit: u32,
-    buckets: u32,
-    width_ms: u64,
+    shapes: [Shape; 3],
     share: u32,
     streams: [Vec<Step>; 3],
 ) -> Result<(), TestCaseError> {
     let test = "three_instances_never_admit_more_than_the_limit_in_any_window";
     let server = RedisServer::start(test).await;
-    let policy = Policy::builder()
-        .limit(limit)
-        .window(Duration::from_millis(width_ms * u64::from(buckets)))
-        .buckets(buckets)
-        .build()
-        .unwrap();
-    let width_us = width_ms * 1000;
+    let policy = shapes[0].policy();
     let prefix = unique_prefix(test);
     let stores: Vec<RedisStore> = (0..3)
         .map(|_| {
@@ -110,18 +181,93 @@ async fn three_instances(
     for store in &stores {
         store.warm_up().await.unwrap();
     }
+    let changes = streams.iter().flatten().any(|s| s.change.is_some());
     let runs: Vec<_> = stores
         .iter()
         .cloned()
         .zip(streams)
-        .map(|(store, steps)| tokio::spawn(run_stream(store, steps)))
+        .map(|(store, steps)| tokio::spawn(run_stream(store, shapes, steps)))
         .collect();
     let mut admitted = Vec::new();
+    let mut used = Vec::new();
     for run in runs {
-        admitted.extend(run.await.unwrap());
+        let (a, u) = run.await.unwrap();
+        admitted.extend(a);
+        used.push(u);
     }
 
-    // Every span of N + 1 slots, which covers any window, holds at most L units.
+    // Through the changes: a check decided by the script admits only while
+    // its own policy's window ending at it holds at most its limit, counting
+    // every unit admitted anywhere (from grants of any policy too); any
+    // admission whose window holds admissions of its own policy only, a
+    // lease's included, likewise.
+    for a in &admitted {
+        let shape = shapes[a.shape];
+        if a.leased && !window_of_one_policy(&admitted, a, shape.window_us()) {
+            continue;
+        }
+        let held = certainly_in_window(&admitted, a, shape.window_us());
+        prop_assert!(
+            held <= shape.limit,
+            "{held} units in the window of {shape:?} ending at {a:?}"
+        );
+    }
+    // Each admission happened inside the slot it was counted in: a lease's
+    // before its bucket ended on Redis' clock, Redis' own while it ran.
+    for a in &admitted {
+        let width_us = shapes[a.shape].width_ms * 1000;
+        let (start, end) = (a.slot * width_us, (a.slot + 1) * width_us);
+        prop_assert!(
+            a.after_us >= start && a.before_us < end,
+            "{a:?} outside its slot [{start}, {end}) µs"
+        );
+    }
+    let leased = admitted.iter().filter(|a| a.leased).count();
+
+    // Every unit held is handed back, and the counters say where each went
+    // (bounded wait for the hand-backs of grants voided by a change, which
+    // run in the background).
+    for store in used.iter().flatten() {
+        store.shutdown().await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for instance in &used {
+        // The stores of one instance share its counters.
+        let current = instance.last().unwrap();
+        loop {
+            let s = current.stats();
+            let out = s.lease_units_admitted
+                + s.lease_units_handed_back
+                + s.lease_units_refused
+                + s.lease_units_unreturned;
+            if s.lease_units_granted + s.lease_units_undone == out {
+                prop_assert_eq!(s.lease_units_unreturned, 0, "{:?}", s);
+                if !changes {
+                    prop_assert_eq!(s.lease_units_refused, 0, "{:?}", s);
+                }
+                break;
+            }
+            prop_assert!(Instant::now() < deadline, "{:?}", s);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let stats: Vec<_> = used.iter().map(|u| u.last().unwrap().stats()).collect();
+    let granted: u64 = stats.iter().map(|s| s.lease_units_granted).sum();
+    let refused: u64 = stats.iter().map(|s| s.lease_units_refused).sum();
+    eprintln!(
+        "{shapes:?}, share 1/{share}, changes: {changes}: {} admissions, {leased} from \
+         leases, {granted} units granted, {refused} refused",
+        admitted.len()
+    );
+    if changes {
+        // Counts moved by conversions: the window checks above stand for
+        // the slot by slot ones below.
+        return Ok(());
+    }
+
+    // Without a change, every span of N + 1 slots, which covers any window,
+    // holds at most L units.
+    let (limit, buckets) = (shapes[0].limit, shapes[0].buckets);
     for key in 0..2u8 {
         let mine: Vec<Admitted> = admitted
             .iter()
@@ -132,22 +278,6 @@ async fn three_instances(
             })
             .collect();
         assert_no_span_over_limit(&mine, buckets, limit, &format!("key {key}"));
-    }
-    // Each admission happened inside the slot it was counted in: a lease's
-    // before its bucket ended on Redis' clock, Redis' own while it ran.
-    for a in &admitted {
-        let (start, end) = (a.slot * width_us, (a.slot + 1) * width_us);
-        prop_assert!(
-            a.after_us >= start && a.before_us < end,
-            "{a:?} outside its slot [{start}, {end}) µs"
-        );
-    }
-    let leased = admitted.iter().filter(|a| a.leased).count();
-
-    // Every unit held is handed back: then Redis counts, slot by slot, exactly
-    // the units admitted (bounded wait for hand-backs still on their way).
-    for store in &stores {
-        store.shutdown().await;
     }
     let mut conn = server.conn().await;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -176,35 +306,32 @@ async fn three_instances(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    let stats: Vec<_> = stores.iter().map(RedisStore::stats).collect();
-    let granted: u64 = stats.iter().map(|s| s.lease_units_granted).sum();
-    eprintln!(
-        "L {limit}, {buckets} buckets of {width_ms} ms, share 1/{share}: {} admissions, \
-         {leased} from leases, {granted} units granted",
-        admitted.len()
-    );
     Ok(())
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(6))]
+    #![proptest_config(ProptestConfig::with_cases(8))]
 
     #[test]
     #[ignore = "starts redis-server (or REDIS_SERVER_BIN): run with -- --include-ignored"]
     fn three_instances_never_admit_more_than_the_limit_in_any_window(
-        limit in 5..=40u32,
-        buckets in 2..=6u32,
-        width_ms in 40..=120u64,
+        shapes in [shape(), shape(), shape()],
         share in 1..=4u32,
+        rolling in any::<bool>(),
         a in stream(),
         b in stream(),
         c in stream(),
     ) {
+        // Half the runs keep one policy throughout.
+        let mut streams = [a, b, c];
+        if !rolling {
+            streams.iter_mut().flatten().for_each(|s| s.change = None);
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        runtime.block_on(three_instances(limit, buckets, width_ms, share, [a, b, c]))?;
+        runtime.block_on(three_instances(shapes, share, streams))?;
     }
 }
