@@ -6,15 +6,17 @@
 //!
 //! The script counts a grant's units in the slot holding Redis' time `r` and
 //! answers how long that slot lasts, `v = end - r`. The instance admits from
-//! the grant only before `sent + v − v/1000`, where `sent` is when it sent
-//! the request: Redis ran the script after that, so on Redis' clock the
-//! instance stops before the slot ends (as long as the two clocks run at the
-//! same rate to within 0.1% over one bucket). Every unit admitted from a grant
-//! is therefore counted in Redis in the slot that holds its admission, like a
-//! unit Redis admits itself, and the strict check every grant passed bounds
-//! every window of the fleet. Units handed back were never admitted: lowering
-//! their slot's count (even after the slot ended) keeps every slot's count at
-//! or above what it admitted.
+//! the grant only before `sent + v/(1 + ρ)`, where `sent` is when it sent the
+//! request and ρ the clock tolerance: Redis ran the script after that, so on
+//! Redis' clock the instance stops before the slot ends (as long as Redis'
+//! clock runs at most ρ faster over one bucket). Every unit admitted from a
+//! grant is therefore counted in Redis in the slot that holds its admission,
+//! like a unit Redis admits itself, and the strict check every grant passed
+//! bounds every window of the fleet. Units handed back were never admitted:
+//! lowering their slot's count (even after the slot ended) keeps every
+//! slot's count at or above what it admitted, and Redis lowers only the
+//! incarnation of the key that counted them, in the geometry it counted
+//! them in.
 //!
 //! # The table
 //!

@@ -12,8 +12,11 @@
 //! window. Its value is packed (`struct.pack` in the script): the geometry its
 //! slots are numbered in (bucket width and count), the newest slot entered,
 //! the slot at which it was last converted from another bucket width (after
-//! [`RedisStore::reconfigured`] changed the window or buckets), then one
-//! record per slot holding units inside the window, newest first. A decision
+//! [`RedisStore::reconfigured`] changed the window or buckets), the key's
+//! incarnation (the microsecond it was created: a key Redis lost and created
+//! again is another, and units counted in one are never given back to the
+//! other), then one record per slot holding units inside the window, newest
+//! first. A decision
 //! reads it with one `GET` and writes it with one `SET` (with `TIME`, three
 //! commands, as a GCRA script's). The limit is in none of it (nor in the
 //! default prefix): it is the script's argument, so a change of limit keeps
@@ -300,7 +303,8 @@ const FALLBACK_SLOT: u64 = 1 << 63;
 /// Redis may ask for more units than its cost, counted in Redis at once in
 /// the bucket that holds Redis' time; this instance admits further checks of
 /// the key from them without a round trip until that bucket ends (measured
-/// here from when the request was sent, less 0.1% for clocks that drift), and
+/// here from when the request was sent, shortened by the
+/// [clock tolerance](Leases::with_clock_tolerance_ppm)), and
 /// hands back what is left. Every unit admitted anywhere is thus counted in
 /// Redis in the bucket that holds its admission, and the strict check on
 /// Redis bounds every window of the fleet: the guide's
