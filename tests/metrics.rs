@@ -542,6 +542,13 @@ async fn a_redis_store_counts_its_leases() {
     );
     assert_eq!(units("granted"), stats.lease_units_granted);
     assert_eq!(units("handed_back"), stats.lease_units_handed_back);
+    assert_eq!(units("refused"), stats.lease_units_refused);
+    assert_eq!(units("unreturned"), stats.lease_units_unreturned);
+    // Every unit granted was admitted or handed back.
+    assert_eq!(
+        stats.lease_units_granted,
+        stats.lease_units_admitted + stats.lease_units_handed_back
+    );
     assert_eq!(
         snap.counter(
             "tower_sliding_window_decisions_total",

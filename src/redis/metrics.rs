@@ -34,7 +34,9 @@ mod on {
     const REDIS_LEASE_DECISIONS: &str = "tower_sliding_window_redis_lease_decisions_total";
     /// Grants received: replies that counted units beyond the check's cost.
     const REDIS_LEASE_GRANTS: &str = "tower_sliding_window_redis_lease_grants_total";
-    /// Units of leases, by `kind`: `granted`, `handed_back`.
+    /// Units of leases, by `kind`: `granted`, `handed_back`, `refused` (handed
+    /// back, but Redis no longer counted them there), `unreturned` (a
+    /// hand-back that failed or was never sent).
     const REDIS_LEASE_UNITS: &str = "tower_sliding_window_redis_lease_units_total";
 
     /// When a call to Redis was sent.
@@ -58,6 +60,8 @@ mod on {
         lease_grants: Counter,
         lease_units_granted: Counter,
         lease_units_handed_back: Counter,
+        lease_units_refused: Counter,
+        lease_units_unreturned: Counter,
         /// Breaker openings already handed to the recorder.
         flushed_opens: AtomicU64,
     }
@@ -104,6 +108,8 @@ mod on {
                 lease_grants: counter!(REDIS_LEASE_GRANTS, "policy" => policy.to_owned()),
                 lease_units_granted: counter!(REDIS_LEASE_UNITS, "policy" => policy.to_owned(), "kind" => "granted"),
                 lease_units_handed_back: counter!(REDIS_LEASE_UNITS, "policy" => policy.to_owned(), "kind" => "handed_back"),
+                lease_units_refused: counter!(REDIS_LEASE_UNITS, "policy" => policy.to_owned(), "kind" => "refused"),
+                lease_units_unreturned: counter!(REDIS_LEASE_UNITS, "policy" => policy.to_owned(), "kind" => "unreturned"),
                 flushed_opens: AtomicU64::new(0),
             }
         }
@@ -146,8 +152,14 @@ mod on {
             self.lease_units_granted.increment(u64::from(units));
         }
 
-        pub(crate) fn lease_handed_back(&self, units: u32) {
-            self.lease_units_handed_back.increment(u64::from(units));
+        /// A hand-back Redis answered: `taken` units lowered, `refused` not.
+        pub(crate) fn lease_handed_back(&self, taken: u32, refused: u32) {
+            self.lease_units_handed_back.increment(u64::from(taken));
+            self.lease_units_refused.increment(u64::from(refused));
+        }
+
+        pub(crate) fn lease_unreturned(&self, units: u32) {
+            self.lease_units_unreturned.increment(u64::from(units));
         }
 
         pub(crate) fn deny_cache_hit(&self) {
@@ -217,7 +229,10 @@ mod off {
         pub(crate) fn lease_granted(&self, _units: u32) {}
 
         #[inline(always)]
-        pub(crate) fn lease_handed_back(&self, _units: u32) {}
+        pub(crate) fn lease_handed_back(&self, _taken: u32, _refused: u32) {}
+
+        #[inline(always)]
+        pub(crate) fn lease_unreturned(&self, _units: u32) {}
 
         #[inline(always)]
         pub(crate) fn deny_cache_hit(&self) {}

@@ -1707,7 +1707,7 @@ impl Inner {
             .fetch_add(u64::from(taken), Relaxed);
         c.lease_units_refused
             .fetch_add(u64::from(back.units - taken), Relaxed);
-        self.metrics.lease_handed_back(taken);
+        self.metrics.lease_handed_back(taken, back.units - taken);
         if taken > 0 {
             if let Some(cache) = &self.deny_cache {
                 cache.remove(user);
@@ -1720,6 +1720,7 @@ impl Inner {
         self.counters
             .lease_units_unreturned
             .fetch_add(u64::from(units), Relaxed);
+        self.metrics.lease_unreturned(units);
     }
 
     /// Stop leasing and hand back every unit held, concurrently.
