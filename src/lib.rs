@@ -1,5 +1,6 @@
-//! A keyed sliding-window rate limiter for tower, axum, hyper and tonic,
-//! lock-free per key, that never admits more than its limit in any window.
+//! A keyed sliding-window rate limiter for tower, axum, hyper and tonic that
+//! never admits more than its limit in any window: a lock-free ring per key,
+//! keys in partitions behind read-write locks.
 //!
 //! # The tower layer
 //!

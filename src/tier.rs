@@ -26,8 +26,9 @@ pub enum TierLimits {
     /// exempt request is.
     Unlimited,
     /// Every request is rejected as over a limit of zero: 429 (gRPC
-    /// RESOURCE_EXHAUSTED) with `RateLimit-Policy: "<tier>";q=0` and no
-    /// `Retry-After`, since waiting will not help.
+    /// RESOURCE_EXHAUSTED) with `RateLimit-Policy: "<tier>";q=0`,
+    /// `RateLimit: "<tier>";r=0` (no `t`: no quota is ever made available)
+    /// and no `Retry-After`, since waiting will not help.
     Denied,
 }
 

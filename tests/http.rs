@@ -521,6 +521,43 @@ async fn problem_details_name_every_policy_that_denied_in_json_of_the_right_leng
     assert!(header(&limited, "ratelimit-policy").is_some());
 }
 
+/// A request that costs more than the limit: no wait lets it pass, so no
+/// `Retry-After`; `RateLimit` reports the quota as it is (the whole quota
+/// there, `t=0` on an empty window), and the `detail` says why.
+#[tokio::test]
+async fn a_cost_above_the_limit_is_reported_as_never_passing() {
+    let layer = SlidingWindowLayer::builder(GlobalKey)
+        .policy(policy("jobs", 3, Duration::from_secs(60)))
+        .cost(|req: &Request<Body>| if req.uri().path() == "/big" { 5 } else { 1 })
+        .problem_details()
+        .build()
+        .unwrap();
+    let app = app().route("/big", get(|| async { "big" })).layer(layer);
+    let request = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+
+    let big = app.clone().oneshot(request("/big")).await.unwrap();
+    assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&big, "retry-after"), None);
+    assert_eq!(header(&big, "ratelimit"), Some("\"jobs\";r=3;t=0"));
+    let body = big.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        problem["detail"],
+        "The request costs more than the quota allows; no wait lets it pass."
+    );
+
+    // With units in the window, `t` is when it drains: the quota's state.
+    assert_eq!(
+        app.clone().oneshot(request("/")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let big = app.oneshot(request("/big")).await.unwrap();
+    let rate = header(&big, "ratelimit").unwrap();
+    assert!(rate.starts_with("\"jobs\";r=2;t="), "{rate}");
+    let t: u64 = rate.rsplit("t=").next().unwrap().parse().unwrap();
+    assert!((60..=65).contains(&t), "{rate}");
+}
+
 #[tokio::test]
 async fn problem_details_follow_the_layers_status_and_keep_grpc_rejections_as_they_are() {
     let layer = SlidingWindowLayer::builder(GlobalKey)
@@ -596,6 +633,11 @@ async fn a_store_failing_closed_is_a_temporary_reduced_capacity_problem() {
         "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
     );
     assert_eq!(problem["status"], 503);
+    // The store's wait, as `Retry-After` gives it.
+    assert_eq!(
+        problem["detail"],
+        "The rate limiter could not decide. Retry after 2 seconds."
+    );
     assert!(problem.get("violated-policies").is_none());
     let grpc = send(addr, &[("content-type", "application/grpc")]).await;
     assert_eq!(header(&grpc, "grpc-status"), Some("14"));

@@ -168,9 +168,59 @@ async fn unlimited_tiers_pass_uncounted_and_denied_tiers_never_pass() {
         header(&denied, "ratelimit-policy"),
         Some("\"suspended\";q=0")
     );
-    assert_eq!(header(&denied, "ratelimit"), Some("\"suspended\";r=0;t=0"));
+    // No quota is ever made available: no `t` (optional in the draft), where
+    // `t=0` would tell the client to come back now.
+    assert_eq!(header(&denied, "ratelimit"), Some("\"suspended\";r=0"));
     // Waiting will not help: no Retry-After.
     assert_eq!(header(&denied, "retry-after"), None);
+}
+
+#[tokio::test]
+async fn a_denied_tier_says_it_is_denied_in_its_problem_details_and_grpc_message() {
+    use tower::ServiceExt;
+    let layer = SlidingWindowLayer::builder(by_tier())
+        .tiers(table())
+        .problem_details()
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let request = |content_type: &str| {
+        Request::get("/")
+            .header("x-tier", "suspended")
+            .header("x-user", "mallory")
+            .header("content-type", content_type)
+            .body(Body::empty())
+            .unwrap()
+    };
+
+    let denied = app.clone().oneshot(request("text/plain")).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header_of(&denied, "ratelimit"), Some("\"suspended\";r=0"));
+    let body = denied.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        problem["detail"],
+        "Requests of tier \"suspended\" are denied; no wait lets them pass."
+    );
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["suspended"])
+    );
+
+    let grpc = app.oneshot(request("application/grpc")).await.unwrap();
+    assert_eq!(header_of(&grpc, "grpc-status"), Some("8"));
+    assert_eq!(
+        header_of(&grpc, "grpc-message"),
+        Some("tier \"suspended\" is denied")
+    );
+    // Negative: do not retry.
+    assert_eq!(header_of(&grpc, "grpc-retry-pushback-ms"), Some("-1"));
+}
+
+fn header_of<'a, B>(response: &'a Response<B>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 #[tokio::test]

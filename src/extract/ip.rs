@@ -3,14 +3,17 @@
 use super::forwarded::{self, ProxyHeader};
 use super::net::{IpGrouping, IpNet};
 use super::{KeyExtractor, Keyed};
+use crate::log::Throttle;
 use crate::ConfigError;
 use http::StatusCode;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 /// The connection's peer address, as the server recorded it in the request's
 /// extensions: axum's `ConnectInfo<SocketAddr>` (with the `axum` feature) or a
-/// plain `SocketAddr` extension.
+/// plain `SocketAddr` extension. Without one the server was set up without
+/// recording it, which every request then shows: a warning names the fix,
+/// at most once a second for the process (the count held back since).
 fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
     #[cfg(feature = "axum")]
     if let Some(axum::extract::ConnectInfo(addr)) = req
@@ -19,7 +22,27 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
     {
         return Some(*addr);
     }
-    req.extensions().get::<SocketAddr>().copied()
+    let addr = req.extensions().get::<SocketAddr>().copied();
+    if addr.is_none() {
+        no_peer_address();
+    }
+    addr
+}
+
+/// The warning for a request without a peer address: a server
+/// misconfiguration, one throttle for every extractor of the process.
+#[cold]
+fn no_peer_address() {
+    static THROTTLE: LazyLock<Throttle> = LazyLock::new(Throttle::default);
+    if let Some(held) = THROTTLE.admit() {
+        tracing::warn!(
+            held_back = held,
+            "rate limit: request has no client address, so PeerIp and ClientIp give it no key \
+             (500 by default); serve axum with \
+             `into_make_service_with_connect_info::<SocketAddr>()`, or insert the \
+             connection's `SocketAddr` into each request's extensions"
+        );
+    }
 }
 
 /// Keys requests by the peer's IP address: the address of the TCP connection,
@@ -55,8 +78,10 @@ fn peer_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// A request without the address has no key (`None`), so the layer's `None`
-/// outcome applies: make it "reject" to catch a server set up without it.
+/// A request without the address has no key (`None`), so the layer's
+/// [`MissingKey`](crate::MissingKey) outcome applies (a 500 by default), and
+/// a warning naming the fix is logged, at most once a second for the process
+/// with the count held back since.
 ///
 /// Behind a reverse proxy every request comes from the proxy; use [`ClientIp`].
 ///

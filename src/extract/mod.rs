@@ -6,7 +6,7 @@
 //! | extractor | key | no key when | default status then |
 //! |---|---|---|---|
 //! | [`GlobalKey`] | `()`: one limit for every request | never | — |
-//! | [`PeerIp`] | the connection's IP address (IPv6 by /64) | the server recorded no peer address: a server misconfiguration | 500 |
+//! | [`PeerIp`] | the connection's IP address (IPv6 by /64) | the server recorded no peer address: a server misconfiguration, logged at WARN once a second with the fix | 500 |
 //! | [`ClientIp`] | the client's IP behind trusted proxies | as [`PeerIp`] | 500 |
 //! | [`HeaderKey`] | one header's value, such as an API key | the header is missing, repeated, empty, too long or not visible ASCII: the client's error | 400 |
 //! | [`key_fn`] | whatever your closure returns | your closure returns `None` | 400 |

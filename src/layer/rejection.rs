@@ -128,8 +128,8 @@ pub(crate) mod sealed {
 
         /// Give the layer's 503 for a store that fails closed a body of this
         /// kind, if it has one (the empty body stays otherwise).
-        fn store_unavailable(&self, response: &mut Response<B>) {
-            let _ = response;
+        fn store_unavailable(&self, response: &mut Response<B>, error: &StoreError) {
+            let _ = (response, error);
         }
     }
 }
@@ -202,7 +202,7 @@ impl<T: sealed::Configure> ModeConfig for T {}
 /// | header | value |
 /// |---|---|
 /// | `RateLimit-Policy` | `"name";q=L;w=W`, one list member per policy of the layer (`W`: window in seconds, rounded up) |
-/// | `RateLimit` | `"name";r=R;t=T` for the reported policy: the closest to its limit (lowest remaining share) when allowed, the denying policy with the longest wait when denied. `R`: units remaining; `T`: seconds, rounded up, until the cost could pass when denied (equal to `Retry-After`), until the window drains when allowed or when the cost exceeds the limit (no `Retry-After` then; `t` may be 0) |
+/// | `RateLimit` | `"name";r=R;t=T` for the reported policy: the closest to its limit (lowest remaining share) when allowed, the denying policy with the longest wait when denied. `R`: units remaining; `T`: seconds, rounded up, until the cost could pass when denied (equal to `Retry-After`), until the window drains when allowed or when the cost exceeds the limit (no `Retry-After` then; `t=0` when the window is empty: the whole quota is there, and the request costs more); no `t` for a [denied tier](crate::TierLimits::Denied), whose quota of 0 is never made available (the draft makes `t` optional, and `t=0` would say "now") |
 /// | `Retry-After` | on rejections: whole seconds, rounded up, at least 1; omitted when the cost exceeds the limit, since no wait helps |
 /// | `X-RateLimit-Limit` / `-Remaining` / `-Reset` | opt-in legacy fields; `Reset` is **seconds until the window drains**, not an epoch time |
 ///
@@ -265,8 +265,15 @@ pub struct CustomResponse<F>(pub(crate) F);
 ///  "status":429,"detail":"Retry after 4 seconds.","violated-policies":["free"]}
 /// ```
 ///
+/// The `detail` gives the wait as `Retry-After` does (whole seconds, rounded
+/// up); where no wait helps it says why: `Requests of tier "suspended" are
+/// denied; no wait lets them pass.` for a denied tier, `The request costs
+/// more than the quota allows; no wait lets it pass.` for a cost above the
+/// limit.
+///
 /// A store that cannot decide and fails closed answers 503 with the draft's
-/// `temporary-reduced-capacity` type. Answers to a missing key, and every gRPC
+/// `temporary-reduced-capacity` type, its `detail` the store's wait:
+/// `The rate limiter could not decide. Retry after 2 seconds.` Answers to a missing key, and every gRPC
 /// rejection, stay as they are without it.
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
@@ -309,8 +316,8 @@ impl<B: From<String>> sealed::Respond<B> for ProblemDetails {
         Some(response)
     }
 
-    fn store_unavailable(&self, response: &mut Response<B>) {
-        let body = response::reduced_capacity_problem(response.status());
+    fn store_unavailable(&self, response: &mut Response<B>, error: &StoreError) {
+        let body = response::reduced_capacity_problem(response.status(), error.retry_after());
         response::set_problem(response, body);
     }
 }
@@ -422,7 +429,7 @@ where
             Rejection::StoreUnavailable(error) => {
                 let mut response = response::store_unavailable(&self.options, grpc, error);
                 if grpc.is_none() {
-                    self.response.store_unavailable(&mut response);
+                    self.response.store_unavailable(&mut response, error);
                 }
                 response
             }
@@ -534,7 +541,7 @@ impl RateLimited {
     }
 
     /// How long until the request could pass; `None` when its cost exceeds the
-    /// limit, so no wait helps.
+    /// limit, or its tier is denied (a limit of 0), so no wait helps.
     pub fn retry_after(&self) -> Option<Duration> {
         self.decision.retry_after()
     }
@@ -548,6 +555,9 @@ impl fmt::Display for RateLimited {
                 "rate limit of policy \"{}\" exceeded; retry after {wait:?}",
                 self.policy_name
             ),
+            None if self.decision.limit() == 0 => {
+                write!(f, "tier \"{}\" is denied", self.policy_name)
+            }
             None => write!(
                 f,
                 "request cost exceeds the limit of policy \"{}\"",

@@ -169,10 +169,15 @@ impl RateLimitHeaders {
         let d = &report.decision;
         let denied = d.outcome() != Outcome::Allowed;
         let t = match d.retry_after() {
-            Some(wait) if denied => ceil_secs(wait).max(1),
-            Some(_) => ceil_secs(d.reset()),
-            // The cost exceeds the limit: report when the window drains.
-            None => ceil_secs(d.reset()),
+            Some(wait) if denied => Some(ceil_secs(wait).max(1)),
+            Some(_) => Some(ceil_secs(d.reset())),
+            // A denied tier (a quota of 0): no quota is ever made available,
+            // so no `t` (optional in the draft), where `t=0` would say "now".
+            None if d.limit() == 0 => None,
+            // The cost exceeds the limit: the quota's own state, when the
+            // window drains (0 when it holds nothing: the whole quota is
+            // there, and the request still costs more).
+            None => Some(ceil_secs(d.reset())),
         };
         let mut headers = RateLimitHeaders::default();
         if options.ietf {
@@ -222,20 +227,26 @@ impl RateLimitHeaders {
     }
 }
 
-/// `"name";r=R;t=T`, written by hand into a stack buffer and copied once:
-/// `format!` (and a growable `Vec`) cost more than the rest of the allowed path.
-fn rate_limit_value(quoted_name: &str, remaining: u32, t: u64) -> Option<HeaderValue> {
+/// `"name";r=R;t=T` (`"name";r=R` without a `T`), written by hand into a
+/// stack buffer and copied once: `format!` (and a growable `Vec`) cost more
+/// than the rest of the allowed path.
+fn rate_limit_value(quoted_name: &str, remaining: u32, t: Option<u64>) -> Option<HeaderValue> {
     let mut buf = StackBuf::new();
     if quoted_name.len() + 50 > buf.bytes.len() {
         // Long policy names are rare: take the simple road.
-        let value = format!("{quoted_name};r={remaining};t={t}");
+        let value = match t {
+            Some(t) => format!("{quoted_name};r={remaining};t={t}"),
+            None => format!("{quoted_name};r={remaining}"),
+        };
         return HeaderValue::try_from(value).ok();
     }
     buf.push(quoted_name.as_bytes());
     buf.push(b";r=");
     buf.push_decimal(remaining.into());
-    buf.push(b";t=");
-    buf.push_decimal(t);
+    if let Some(t) = t {
+        buf.push(b";t=");
+        buf.push_decimal(t);
+    }
     HeaderValue::from_bytes(buf.as_slice()).ok()
 }
 
@@ -330,12 +341,13 @@ pub(crate) fn grpc_limited<B: Default>(
                 Some(i32::try_from(ms).unwrap_or(i32::MAX)),
             )
         }
+        // Negative pushback: do not retry, no wait will help.
+        None if d.limit() == 0 => (format!("tier {} is denied", report.quoted_name), Some(-1)),
         None => (
             format!(
                 "request cost exceeds the limit of policy {}",
                 report.quoted_name
             ),
-            // Negative: do not retry, no wait will help.
             Some(-1),
         ),
     };
@@ -407,11 +419,12 @@ pub(crate) fn quota_exceeded_problem(
     let _ = write!(body, ",\"status\":{}", status.as_u16());
     body.push_str(",\"detail\":");
     let detail = match limited.retry_after() {
-        Some(wait) => {
-            let secs = ceil_secs(wait).max(1);
-            let unit = if secs == 1 { "second" } else { "seconds" };
-            format!("Retry after {secs} {unit}.")
-        }
+        Some(wait) => retry_after_detail(wait),
+        // A tier of requests that are always rejected: its quota is 0.
+        None if limited.decision().limit() == 0 => format!(
+            "Requests of tier \"{}\" are denied; no wait lets them pass.",
+            limited.policy_name()
+        ),
         None => "The request costs more than the quota allows; no wait lets it pass.".to_owned(),
     };
     json_string(&mut body, &detail);
@@ -426,15 +439,31 @@ pub(crate) fn quota_exceeded_problem(
     body
 }
 
-/// The `temporary-reduced-capacity` problem, answered with `status`.
-pub(crate) fn reduced_capacity_problem(status: StatusCode) -> String {
-    let mut body = String::with_capacity(200);
+/// "Retry after N seconds.": the wait in whole seconds, rounded up (at least
+/// 1), as `Retry-After` gives it.
+fn retry_after_detail(wait: Duration) -> String {
+    let secs = ceil_secs(wait).max(1);
+    let unit = if secs == 1 { "second" } else { "seconds" };
+    format!("Retry after {secs} {unit}.")
+}
+
+/// The `temporary-reduced-capacity` problem, answered with `status` when the
+/// store could not decide; `wait` is the store's (its `Retry-After`).
+pub(crate) fn reduced_capacity_problem(status: StatusCode, wait: Duration) -> String {
+    let mut body = String::with_capacity(240);
     body.push_str("{\"type\":");
     json_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
     body.push_str(
         ",\"title\":\"Request cannot be satisfied due to temporary server capacity constraints\"",
     );
-    let _ = write!(body, ",\"status\":{}}}", status.as_u16());
+    let _ = write!(body, ",\"status\":{}", status.as_u16());
+    body.push_str(",\"detail\":");
+    let detail = format!(
+        "The rate limiter could not decide. {}",
+        retry_after_detail(wait)
+    );
+    json_string(&mut body, &detail);
+    body.push('}');
     body
 }
 
@@ -514,9 +543,18 @@ mod tests {
 
     #[test]
     fn the_ratelimit_field_is_written_in_decimal() {
-        assert_eq!(rate_limit_value("\"p\"", 0, 64).unwrap(), "\"p\";r=0;t=64");
-        let max = rate_limit_value("\"p\"", u32::MAX, u64::MAX).unwrap();
+        assert_eq!(
+            rate_limit_value("\"p\"", 0, Some(64)).unwrap(),
+            "\"p\";r=0;t=64"
+        );
+        let max = rate_limit_value("\"p\"", u32::MAX, Some(u64::MAX)).unwrap();
         assert_eq!(max, format!("\"p\";r={};t={}", u32::MAX, u64::MAX).as_str());
+        assert_eq!(rate_limit_value("\"p\"", 0, None).unwrap(), "\"p\";r=0");
+        let long = format!("\"{}\"", "n".repeat(100));
+        assert_eq!(
+            rate_limit_value(&long, 0, None).unwrap(),
+            format!("{long};r=0").as_str()
+        );
     }
 
     #[test]

@@ -36,7 +36,12 @@ use sweep::Sweeper;
 /// A keyed sliding-window rate limiter, usable on its own or behind the tower layer.
 ///
 /// Each key owns a lock-free ring of sub-window counters (see [`Policy`] and
-/// [`Precision`](crate::Precision) for the guarantee). Keys are created on first
+/// [`Precision`](crate::Precision) for the guarantee); the keys live in
+/// partitions, each behind a read-write lock: a check of a tracked key takes
+/// its partition's reader lock (such checks never wait for each other) and
+/// decides on the ring's atomics; adding a key, dropping idle keys and
+/// shrinking a partition's table take its writer lock, which a check of that
+/// partition waits for. Keys are created on first
 /// use and dropped once idle (all their buckets expired), by the limiter itself:
 /// now and then a check sweeps one partition of the map (at most 1024 keys of
 /// the cap), often enough for checks to go round every partition in 32 bucket
@@ -64,9 +69,9 @@ use sweep::Sweeper;
 /// most one window.
 ///
 /// **Memory:** keys live in tables, a partition's each, with each key's ring
-/// inline and no allocation per key: about 115 bytes of heap per tracked
+/// inline and no allocation per key: about 116 bytes of heap per tracked
 /// u64 or `IpAddr` key with the default 15 buckets and a limit up to 65 535
-/// (110 MiB for 1M keys), twice the bucket bytes for larger limits; under a
+/// (111 MiB for 1M keys, the tables' spare room included), twice the bucket bytes for larger limits; under a
 /// KiB for a limiter that has not tracked a key yet, and about 20 KiB more
 /// at the default cap once it has (its partitions). A key dropped as idle
 /// leaves its place to the next new key; tables shrink when the sweeper (or
