@@ -533,8 +533,20 @@ impl LeaseTable {
     }
 
     /// The renewal task's turn, at `now`.
-    pub(crate) fn tick(&self, key: &[u8], hash: u64, now: Instant) -> Tick {
+    pub(crate) fn tick(&self, key: &[u8], hash: u64) -> Tick {
         let mut e = self.entry(hash);
+        let now = Instant::now();
+        self.tick_locked(&mut e, key, hash, now)
+    }
+
+    /// [`tick`](Self::tick) at a given instant (for tests).
+    #[cfg(test)]
+    fn tick_at(&self, key: &[u8], hash: u64, now: Instant) -> Tick {
+        let mut e = self.entry(hash);
+        self.tick_locked(&mut e, key, hash, now)
+    }
+
+    fn tick_locked(&self, e: &mut Entry, key: &[u8], hash: u64, now: Instant) -> Tick {
         if !e.is(hash, key) {
             return Tick::End { back: None };
         }
@@ -753,11 +765,11 @@ mod tests {
         t.take_at(b"k", h, 1, at - Duration::from_millis(10))
             .ok()
             .unwrap();
-        match t.tick(b"k", h, at - Duration::from_millis(500)) {
+        match t.tick_at(b"k", h, at - Duration::from_millis(500)) {
             Tick::Wait(when) => assert_eq!(when, at),
             _ => panic!("too early"),
         }
-        let (back, rate) = match t.tick(b"k", h, at) {
+        let (back, rate) = match t.tick_at(b"k", h, at) {
             Tick::Renew { back, rate } => (back, rate),
             _ => panic!("a busy key is renewed"),
         };
@@ -769,7 +781,7 @@ mod tests {
         // Quiet since: the next turn ends it and forgets the key's bytes.
         let t2 = table();
         let merged = t2.granted(b"q", t2.hash(b"q"), reply(7, 4, t0), false);
-        match t2.tick(b"q", t2.hash(b"q"), merged.tick.unwrap()) {
+        match t2.tick_at(b"q", t2.hash(b"q"), merged.tick.unwrap()) {
             Tick::End { back } => assert_eq!(back, Some(counted(7, 4))),
             _ => panic!("a quiet key is not renewed"),
         }

@@ -1605,7 +1605,7 @@ impl Inner {
             let mut at = at;
             loop {
                 tokio::time::sleep_until(at.into()).await;
-                match table.tick(&user, hash, Instant::now()) {
+                match table.tick(&user, hash) {
                     Tick::Wait(next) => at = next,
                     Tick::End { back } => {
                         if let Some(back) = back {
