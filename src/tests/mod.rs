@@ -4,6 +4,7 @@
 //! was counted in), so they live inside the crate.
 
 mod clock_set_back;
+mod edge_replay;
 mod layer_hooks;
 mod limiter_model;
 mod reconfigure_model;
