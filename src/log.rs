@@ -36,9 +36,13 @@ impl Throttle {
     /// `Some(n)` when this event is to be logged, `n` the events held back
     /// since the last one logged; `None` when it is held back.
     pub(crate) fn admit(&self) -> Option<u64> {
-        let now_ms = Instant::now()
-            .saturating_duration_since(self.origin)
-            .as_millis() as u64;
+        self.admit_at(Instant::now())
+    }
+
+    /// [`admit`](Self::admit) at `now` (for callers that have read the clock;
+    /// the Redis store paces its sweeps and connection replacements so).
+    pub(crate) fn admit_at(&self, now: Instant) -> Option<u64> {
+        let now_ms = now.saturating_duration_since(self.origin).as_millis() as u64;
         let next = self.next_ms.load(Relaxed);
         if now_ms >= next
             && self

@@ -2,13 +2,13 @@
 //! (replaced when it goes silent), or a connection of the caller's own, and
 //! what a failed call to Redis was.
 
-use super::Every;
+use crate::log::Throttle;
 use crate::store::{StoreError, StoreErrorKind};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, ErrorKind, RedisError, ServerErrorKind};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::RwLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Timeouts in a row after which the managed connection is replaced: a
 /// connection gone silent without closing (a peer vanished without a reset) is
@@ -56,7 +56,7 @@ pub(super) struct Managed {
     config: ConnectionManagerConfig,
     current: RwLock<ConnectionManager>,
     timeouts_in_a_row: AtomicU32,
-    replacements: Every,
+    replacements: Throttle,
 }
 
 impl Connection {
@@ -71,7 +71,7 @@ impl Connection {
             config,
             current: RwLock::new(current),
             timeouts_in_a_row: AtomicU32::new(0),
-            replacements: Every::new(REPLACE_INTERVAL),
+            replacements: Throttle::new(REPLACE_INTERVAL),
         })))
     }
 
@@ -104,7 +104,7 @@ impl Connection {
             return;
         };
         if m.timeouts_in_a_row.fetch_add(1, Relaxed) + 1 < REPLACE_AFTER_TIMEOUTS
-            || !m.replacements.due(Instant::now())
+            || m.replacements.admit().is_none()
         {
             return;
         }
@@ -119,7 +119,7 @@ impl Connection {
     /// probes would take a few cool-downs to reach.
     pub(super) fn stalled(&self) {
         if let Connection::Managed(m) = self {
-            if m.replacements.due(Instant::now()) {
+            if m.replacements.admit().is_some() {
                 m.replace();
             }
         }

@@ -22,8 +22,8 @@
 //! cache may deny units another instance gave back: the safe side, never an
 //! over-admission.
 
-use super::Every;
 use crate::decision::{Decision, Outcome};
+use crate::log::Throttle;
 use dashmap::DashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -55,7 +55,7 @@ pub(crate) struct DenyCache {
     /// The longest a denial can last (a window and a bucket): no entry outlives
     /// it, whatever a (misconfigured) store answered.
     longest: Duration,
-    sweeps: Every,
+    sweeps: Throttle,
     undos: [AtomicU64; STRIPES],
 }
 
@@ -66,7 +66,7 @@ impl DenyCache {
             capacity,
             limit,
             longest,
-            sweeps: Every::new(SWEEP_INTERVAL),
+            sweeps: Throttle::new(SWEEP_INTERVAL),
             undos: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -146,7 +146,7 @@ impl DenyCache {
 
     /// Drop expired entries, at most once per [`SWEEP_INTERVAL`].
     fn sweep(&self, now: Instant) {
-        if !self.sweeps.due(now) {
+        if self.sweeps.admit_at(now.into()).is_none() {
             return;
         }
         self.map.retain(|_, e| now < e.until);
