@@ -256,7 +256,7 @@ impl RedisStoreBuilder {
             (None, Some(connection)) => connection,
             (None, None) => return Err(ConfigError::NoRedis),
         };
-        let metrics = Arc::new(RedisMetrics::new(policy.name()));
+        let events = Events::new(policy.name());
         let inner = Inner {
             deny_cache: new_deny_cache(self.deny_cache_capacity, &policy),
             deny_cache_capacity: self.deny_cache_capacity,
@@ -271,10 +271,8 @@ impl RedisStoreBuilder {
             timeout: self.timeout,
             failure: self.failure,
             closed_retry_after: self.closed_retry_after,
-            counters: Arc::default(),
-            warnings: Arc::new(Throttle::default()),
+            events,
             breaker: Breaker::new(self.breaker).map(Arc::new),
-            metrics,
             leases: self
                 .leases
                 .map(|l| LeaseTable::new(l, Duration::from_micros(geometry.width_us))),

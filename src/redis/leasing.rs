@@ -45,12 +45,7 @@ impl Inner {
         cost: u32,
         leased: Leased,
     ) -> Decision {
-        bump(&self.counters.lease_decisions);
-        self.counters
-            .lease_units_admitted
-            .fetch_add(u64::from(cost), Relaxed);
-        self.metrics.lease_decision();
-        self.metrics.decided(true);
+        self.events.lease_decision(cost);
         if let Some(rate) = leased.refill {
             self.spawn_refill(user.to_vec(), hash, rate);
         }
@@ -80,7 +75,7 @@ impl Inner {
             // Still this instance's to use if the grant is in force; else
             // they stay counted in Redis until their slot leaves the window.
             if !table.give_back(user, back) {
-                self.unreturned(back.units);
+                self.events.unreturned(back.units);
             }
         }
     }
@@ -111,11 +106,7 @@ impl Inner {
             reset: answer.decision.reset(),
         };
         if extra > 0 {
-            bump(&self.counters.lease_grants);
-            self.counters
-                .lease_units_granted
-                .fetch_add(u64::from(extra), Relaxed);
-            self.metrics.lease_granted(extra);
+            self.events.lease_granted(extra);
         }
         let merged = table.granted(user, hash, reply, ticker);
         if !merged.back.is_empty() {
@@ -188,7 +179,7 @@ impl Inner {
                         if !inner.redis_in_use() {
                             table.renewal_failed(&user, hash);
                             if let Some(back) = back {
-                                inner.unreturned(back.units);
+                                inner.events.unreturned(back.units);
                             }
                             return;
                         }
@@ -214,7 +205,7 @@ impl Inner {
                                 inner.note_failure(failure, None, sent);
                                 table.renewal_failed(&user, hash);
                                 if let Some(back) = back {
-                                    inner.unreturned(back.units);
+                                    inner.events.unreturned(back.units);
                                 }
                                 return;
                             }
@@ -229,7 +220,7 @@ impl Inner {
     pub(super) fn spawn_hand_backs(self: &Arc<Self>, held: Vec<(Box<[u8]>, Counted)>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             for (_, back) in held {
-                self.unreturned(back.units);
+                self.events.unreturned(back.units);
             }
             return;
         };
@@ -251,7 +242,7 @@ impl Inner {
     /// Hand a lease's unused units back to Redis.
     pub(super) async fn hand_back(&self, user: &[u8], back: Counted) {
         if !self.redis_in_use() {
-            self.unreturned(back.units);
+            self.events.unreturned(back.units);
             return;
         }
         let sent = Instant::now();
@@ -261,7 +252,7 @@ impl Inner {
                 self.handed_back(user, back, answer.handed_back);
             }
             Err(failure) => {
-                self.unreturned(back.units);
+                self.events.unreturned(back.units);
                 self.note_failure(failure, None, sent);
             }
         }
@@ -272,25 +263,12 @@ impl Inner {
     /// instance may have cached meanwhile.
     pub(super) fn handed_back(&self, user: &[u8], back: Counted, taken: u32) {
         let taken = taken.min(back.units);
-        let c = &self.counters;
-        c.lease_units_handed_back
-            .fetch_add(u64::from(taken), Relaxed);
-        c.lease_units_refused
-            .fetch_add(u64::from(back.units - taken), Relaxed);
-        self.metrics.lease_handed_back(taken, back.units - taken);
+        self.events.handed_back(taken, back.units - taken);
         if taken > 0 {
             if let Some(cache) = &self.deny_cache {
                 cache.remove(user);
             }
         }
-    }
-
-    /// Units of a grant that will not be handed back.
-    pub(super) fn unreturned(&self, units: u32) {
-        self.counters
-            .lease_units_unreturned
-            .fetch_add(u64::from(units), Relaxed);
-        self.metrics.lease_unreturned(units);
     }
 
     /// Stop leasing and hand back every unit held, concurrently.

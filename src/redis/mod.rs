@@ -40,6 +40,7 @@ mod breaker;
 mod builder;
 mod connection;
 mod deny_cache;
+mod events;
 mod key;
 mod lease;
 mod leasing;
@@ -56,10 +57,8 @@ pub use store::RedisFuture;
 /// [`RedisStoreBuilder::client`] and [`RedisStoreBuilder::connection`].
 pub use ::redis;
 
-use self::metrics::RedisMetrics;
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
-use crate::log::Throttle;
 use crate::policy::{Policy, Precision};
 use crate::stats::bump;
 use crate::store::Limiter;
@@ -71,6 +70,7 @@ use builder::{new_deny_cache, Geometry};
 pub use connection::{AsyncConnection, AsyncConnectionHandle};
 use connection::{Connection, Failure};
 use deny_cache::DenyCache;
+use events::Events;
 pub(crate) use lease::Counted;
 use lease::{Ask, LeaseTable, Leased, Reply, Tick};
 use leasing::Fetch;
@@ -78,7 +78,7 @@ use script::{Answer, LeaseArgs, CHECK_SCRIPT};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -187,26 +187,6 @@ pub struct RedisStoreStats {
     pub lease_units_unreturned: u64,
     /// Checks decided by the fallback limiter ([`FailurePolicy::Fallback`]).
     pub fallback_decisions: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    decisions: AtomicU64,
-    round_trips: AtomicU64,
-    deny_cache_hits: AtomicU64,
-    failures: AtomicU64,
-    timeouts: AtomicU64,
-    failed_open: AtomicU64,
-    undos: AtomicU64,
-    lease_decisions: AtomicU64,
-    lease_grants: AtomicU64,
-    lease_units_granted: AtomicU64,
-    lease_units_admitted: AtomicU64,
-    lease_units_undone: AtomicU64,
-    lease_units_handed_back: AtomicU64,
-    lease_units_refused: AtomicU64,
-    lease_units_unreturned: AtomicU64,
-    fallback_decisions: AtomicU64,
 }
 
 /// Bit 63 of a decision's slot: decided by the fallback limiter (its slots,
@@ -343,10 +323,8 @@ struct Inner {
     closed_retry_after: Duration,
     deny_cache: Option<DenyCache>,
     deny_cache_capacity: usize,
-    counters: Arc<Counters>,
-    warnings: Arc<Throttle>,
+    events: Events,
     breaker: Option<Arc<Breaker>>,
-    metrics: Arc<RedisMetrics>,
     /// This store's leases (`None`: off); each store has its own.
     leases: Option<LeaseTable>,
     lease_settings: Option<Leases>,
@@ -370,31 +348,14 @@ impl RedisStore {
 
     /// Counters since the store was built.
     pub fn stats(&self) -> RedisStoreStats {
-        let c = &self.inner.counters;
         let breaker = self.inner.breaker.as_deref();
-        RedisStoreStats {
-            decisions: c.decisions.load(Relaxed),
-            round_trips: c.round_trips.load(Relaxed),
-            deny_cache_hits: c.deny_cache_hits.load(Relaxed),
-            failures: c.failures.load(Relaxed),
-            timeouts: c.timeouts.load(Relaxed),
-            failed_open: c.failed_open.load(Relaxed),
-            breaker: self.breaker_state(),
-            breaker_opens: breaker.map_or(0, |b| b.opens.load(Relaxed)),
-            breaker_probes: breaker.map_or(0, |b| b.probes.load(Relaxed)),
-            breaker_answered: breaker.map_or(0, |b| b.answered.load(Relaxed)),
-            undos: c.undos.load(Relaxed),
-            deny_cache_len: self.inner.deny_cache.as_ref().map_or(0, DenyCache::len),
-            lease_decisions: c.lease_decisions.load(Relaxed),
-            lease_grants: c.lease_grants.load(Relaxed),
-            lease_units_granted: c.lease_units_granted.load(Relaxed),
-            lease_units_admitted: c.lease_units_admitted.load(Relaxed),
-            lease_units_undone: c.lease_units_undone.load(Relaxed),
-            lease_units_handed_back: c.lease_units_handed_back.load(Relaxed),
-            lease_units_refused: c.lease_units_refused.load(Relaxed),
-            lease_units_unreturned: c.lease_units_unreturned.load(Relaxed),
-            fallback_decisions: c.fallback_decisions.load(Relaxed),
-        }
+        let counts = breaker.map_or([0; 3], |b| {
+            [&b.opens, &b.probes, &b.answered].map(|c| c.load(Relaxed))
+        });
+        let deny_cache_len = self.inner.deny_cache.as_ref().map_or(0, DenyCache::len);
+        self.inner
+            .events
+            .stats(self.breaker_state(), counts, deny_cache_len)
     }
 
     /// Where the circuit breaker stands (also in [`stats`](RedisStore::stats)).
@@ -483,17 +444,9 @@ impl RedisStore {
     pub fn reconfigured(&self, policy: Policy) -> Result<RedisStore, ConfigError> {
         let old = &self.inner;
         let geometry = Geometry::of(&policy)?;
-        let metrics = if policy.name() == old.policy.name() {
-            old.metrics.clone()
-        } else {
-            // Under the new name; the breaker's past openings were reported
-            // under the old one.
-            let metrics = RedisMetrics::new(policy.name());
-            if let Some(breaker) = &old.breaker {
-                metrics.skip_opens(breaker.opens.load(Relaxed));
-            }
-            Arc::new(metrics)
-        };
+        let opens = old.breaker.as_ref().map_or(0, |b| b.opens.load(Relaxed));
+        let same_name = policy.name() == old.policy.name();
+        let events = old.events.reconfigured(same_name, policy.name(), opens);
         let inner = Inner {
             deny_cache: new_deny_cache(old.deny_cache_capacity, &policy),
             deny_cache_capacity: old.deny_cache_capacity,
@@ -508,10 +461,8 @@ impl RedisStore {
             timeout: old.timeout,
             failure: old.failure.clone(),
             closed_retry_after: old.closed_retry_after,
-            counters: old.counters.clone(),
-            warnings: old.warnings.clone(),
+            events,
             breaker: old.breaker.clone(),
-            metrics,
             leases: old
                 .lease_settings
                 .map(|l| LeaseTable::new(l, Duration::from_micros(geometry.width_us))),

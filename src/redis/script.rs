@@ -131,7 +131,6 @@ impl Inner {
         lease: Option<LeaseArgs>,
         back: Option<Counted>,
     ) -> Result<Answer, Failure> {
-        bump(&self.counters.round_trips);
         let mut invocation = self.check.prepare_invoke();
         invocation
             .key(self.full_key(user))
@@ -183,9 +182,9 @@ impl Inner {
                 reply => reply,
             }
         };
-        let started = self.metrics.call_started();
+        let started = self.events.call_started();
         let reply = tokio::time::timeout(self.timeout, call).await;
-        self.metrics.call_ended(started);
+        self.events.answered(started);
         match reply {
             Ok(reply) => {
                 self.conn.answered();

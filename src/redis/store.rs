@@ -10,7 +10,7 @@ impl Inner {
     pub(super) fn local_answer(&self, user: &[u8], cost: u32) -> Option<Decision> {
         if cost > self.limit {
             // It can never pass: no need to ask Redis (remaining and reset unknown).
-            self.metrics.decided(false);
+            self.events.decided(false);
             return Some(Decision::cost_exceeds_limit(
                 self.limit,
                 self.limit,
@@ -21,9 +21,7 @@ impl Inner {
             .deny_cache
             .as_ref()?
             .check(user, cost, Instant::now())?;
-        bump(&self.counters.deny_cache_hits);
-        self.metrics.deny_cache_hit();
-        self.metrics.decided(false);
+        self.events.deny_cache_hit();
         Some(d)
     }
 
@@ -81,7 +79,7 @@ impl Inner {
                     // The units this instance now holds are this key's to use.
                     decision.remaining = decision.remaining.saturating_add(extra);
                 }
-                self.metrics.decided(decision.is_allowed());
+                self.events.decided(decision.is_allowed());
                 if let (Some(cache), Some(generation), Outcome::Denied) =
                     (&self.deny_cache, generation, decision.outcome())
                 {
@@ -91,7 +89,7 @@ impl Inner {
             }
             Err(failure) => {
                 if let Some(back) = back {
-                    self.unreturned(back.units);
+                    self.events.unreturned(back.units);
                 }
                 let error = self.note_failure(failure, probe, sent);
                 self.apply_policy(&user, cost, error)
@@ -108,12 +106,11 @@ impl Inner {
     ) -> Result<Decision, StoreError> {
         match &self.failure {
             FailurePolicy::Open => {
-                self.metrics.failed(true);
-                bump(&self.counters.failed_open);
+                self.events.failed(true);
                 Ok(Decision::allow_unchecked(self.limit))
             }
             FailurePolicy::Closed => {
-                self.metrics.failed(false);
+                self.events.failed(false);
                 Err(error)
             }
             FailurePolicy::Fallback(_) => Ok(self.fallback_decision(user, cost)),
@@ -127,8 +124,7 @@ impl Inner {
         };
         let mut d = limiter.check_n(user, cost);
         d.slot |= FALLBACK_SLOT;
-        bump(&self.counters.fallback_decisions);
-        self.metrics.fallback(d.is_allowed());
+        self.events.fallback(d.is_allowed());
         d
     }
 
@@ -146,12 +142,11 @@ impl Inner {
         bump(&breaker.answered);
         match &self.failure {
             FailurePolicy::Open => {
-                self.metrics.failed(true);
-                bump(&self.counters.failed_open);
+                self.events.failed(true);
                 Ok(Decision::allow_unchecked(self.limit))
             }
             FailurePolicy::Closed => {
-                self.metrics.failed(false);
+                self.events.failed(false);
                 let retry_after = self.closed_retry_after.max(remaining);
                 Err(match breaker.cause() {
                     Some(cause) => cause.with_retry_after(retry_after),
@@ -186,11 +181,6 @@ impl Inner {
         sent: Instant,
     ) -> StoreError {
         let error = failure.into_error(self.closed_retry_after);
-        bump(&self.counters.failures);
-        if error.kind() == StoreErrorKind::Timeout {
-            bump(&self.counters.timeouts);
-        }
-        self.metrics.error(error.kind());
         match (probe, &self.breaker) {
             (Some(probe), _) => probe.finish(Some(&error)),
             (None, Some(breaker)) => {
@@ -204,25 +194,18 @@ impl Inner {
             (None, None) => {}
         }
         self.breaker_changed();
-        if let Some(held_back) = self.warnings.admit() {
-            tracing::warn!(
-                failures_since_last_warning = held_back + 1,
-                failures = self.counters.failures.load(Relaxed),
-                timeouts = self.counters.timeouts.load(Relaxed),
-                failed_open = self.counters.failed_open.load(Relaxed),
-                breaker = ?self.breaker.as_deref().map_or(BreakerState::Off, Breaker::state),
-                policy = ?self.failure,
-                kind = ?error.kind(),
-                "Redis could not decide: {error}"
-            );
-        }
+        let breaker = self
+            .breaker
+            .as_deref()
+            .map_or(BreakerState::Off, Breaker::state);
+        self.events.failure(&error, breaker, &self.failure);
         error
     }
 
     /// Hand the breaker's state and openings to the metrics recorder.
     pub(super) fn breaker_changed(&self) {
         if let Some(breaker) = &self.breaker {
-            self.metrics
+            self.events
                 .breaker(breaker.state(), breaker.opens.load(Relaxed));
         }
     }
@@ -266,9 +249,7 @@ impl Inner {
         // Back into this instance's grant while it is in force.
         if let Some(table) = &self.leases {
             if table.give_back(&user, back) {
-                self.counters
-                    .lease_units_undone
-                    .fetch_add(u64::from(back.units), Relaxed);
+                self.events.lease_undone(back.units);
                 return None;
             }
         }
@@ -277,7 +258,7 @@ impl Inner {
 
     /// Give units back (at `now_us` or Redis' time).
     pub(super) async fn run_undo(&self, user: Vec<u8>, back: Counted, now_us: Option<u64>) {
-        bump(&self.counters.undos);
+        self.events.undo();
         let sent = Instant::now();
         match self.call(&user, 0, now_us, None, Some(back)).await {
             Ok(_) => self.redis_answered(None),
@@ -298,7 +279,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
 
     fn check_n(&self, key: &K, cost: u32) -> RedisFuture {
         let inner = &self.inner;
-        bump(&inner.counters.decisions);
+        inner.events.asked();
         let mut user = Vec::new();
         key.write_redis_key(&mut user);
         if let Some(d) = inner.local_answer(&user, cost) {
@@ -344,7 +325,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
                 },
             },
         };
-        bump(&inner.counters.decisions);
+        inner.events.asked();
         Some(answer)
     }
 
@@ -361,7 +342,7 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            bump(&self.inner.counters.failures);
+            self.inner.events.undo_not_sent();
             return;
         };
         let inner = self.inner.clone();
