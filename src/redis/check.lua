@@ -88,6 +88,14 @@ if v then
   end
   local kw, kn
   version, kw, kn, newest, conv, born = struct.unpack('<BdI4ddd', v)
+  if (kw ~= w or kn ~= n) and cost == 0 and more and ARGV[10]
+      and tonumber(ARGV[7]) == 0 and tonumber(ARGV[10]) > 0 then
+    -- A hand-back or an undo from a store of another geometry: its units
+    -- may have moved, so nothing is given back, and the key is left as it
+    -- is (converting it would only move counts, and drop those out of that
+    -- store's window).
+    return {1, 0, 0, 0, s, 0, 0, born, 0}
+  end
   if kw ~= w then
     -- Slots of another width (the store was reconfigured to another window or
     -- bucket count; the key keeps its name so that its counts carry over). The

@@ -166,6 +166,18 @@ async fn a_rolling_change_to_narrower_buckets_keeps_counting_an_old_grant_until_
         let end = t0 + ms(1850 + step * 10);
         assert!(units_in(&admitted, end, new.window()) <= 100, "at {end:?}");
     }
+    // B's hand-back of a grant, in the old geometry, is refused and leaves
+    // the key in the new one (converting it back would only move counts).
+    let mut conn = server.conn().await;
+    let key = a.redis_key(&"k");
+    let before = PackedKey::read(&mut conn, &key).await.unwrap();
+    let r = b
+        .script_at(&"k", 0, t0 + ms(3950), 0.0, 0, Some(grant.back))
+        .await
+        .unwrap();
+    assert_eq!(r.handed_back, 0);
+    assert_eq!(PackedKey::read(&mut conn, &key).await.unwrap(), before);
+    assert_eq!(before.width_us, 100_000);
 }
 
 /// Issue scenario 2: Redis loses the key while B holds a grant. B's hand-back

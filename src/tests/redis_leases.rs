@@ -96,15 +96,19 @@ struct Admission {
     after_us: u64,
 }
 
-/// Run one instance's stream from `shapes[0]`; its admissions, and every
-/// store it used (the last one current).
-async fn run_stream(
-    mut store: RedisStore,
-    shapes: [Shape; 3],
-    steps: Vec<Step>,
-) -> (Vec<Admission>, Vec<RedisStore>) {
+/// What one instance did: its admissions, the policies it changed to (wall
+/// clock, index), and every store it used (the last one current).
+struct Run {
+    admitted: Vec<Admission>,
+    changes: Vec<(u64, usize)>,
+    used: Vec<RedisStore>,
+}
+
+/// Run one instance's stream from `shapes[0]`.
+async fn run_stream(mut store: RedisStore, shapes: [Shape; 3], steps: Vec<Step>) -> Run {
     let mut out = Vec::new();
     let mut shape = 0;
+    let mut changes = vec![(0, 0)];
     let mut used = Vec::new();
     for step in steps {
         if step.pause_ms > 0 {
@@ -114,6 +118,7 @@ async fn run_stream(
             let next = store.reconfigured(shapes[to].policy()).unwrap();
             used.push(std::mem::replace(&mut store, next));
             shape = to;
+            changes.push((wall_us(), to));
         }
         let leased_before = store.stats().lease_decisions;
         let before_us = wall_us();
@@ -132,17 +137,50 @@ async fn run_stream(
         }
     }
     used.push(store);
-    (out, used)
+    Run {
+        admitted: out,
+        changes,
+        used,
+    }
+}
+
+/// The shortest window of the policies any instance used from `from` to
+/// `to` (wall clock): a unit admitted at `from` is remembered by the key at
+/// least that long, whatever geometries its checks converted it to. A policy
+/// is in use until 20 ms after the change from it: a check or a refill of
+/// the old store may still be on its way to Redis.
+fn shortest_window(changes: &[Vec<(u64, usize)>], shapes: &[Shape; 3], from: u64, to: u64) -> u64 {
+    let mut shortest = u64::MAX;
+    for timeline in changes {
+        for (i, &(at, shape)) in timeline.iter().enumerate() {
+            let until = timeline
+                .get(i + 1)
+                .map_or(u64::MAX, |&(next, _)| next + 20_000);
+            if at <= to && until >= from {
+                shortest = shortest.min(shapes[shape].window_us());
+            }
+        }
+    }
+    shortest
 }
 
 /// Units of `admitted` certainly inside the window of `a`'s policy that ends
 /// at `a` (their checks ran after the window's start and ended before `a`'s
-/// began), and `a`'s own.
-fn certainly_in_window(admitted: &[Admission], a: &Admission, window_us: u64) -> u32 {
+/// began) and certainly still remembered by the key then (admitted less than
+/// the shortest window in use since before), and `a`'s own.
+fn certainly_in_window(
+    admitted: &[Admission],
+    a: &Admission,
+    window_us: u64,
+    remembered: impl Fn(&Admission) -> u64,
+) -> u32 {
     let start = a.after_us.saturating_sub(window_us);
     let others: u32 = admitted
         .iter()
         .filter(|b| b.key == a.key && b.before_us > start && b.after_us <= a.before_us)
+        // `a` itself (a lease's check can begin and end in one microsecond).
+        .filter(|b| !std::ptr::eq(*b, a))
+        .filter(|b| a.after_us - b.before_us < remembered(b))
         .map(|b| b.cost)
         .sum();
     others + a.cost
@@ -190,15 +228,19 @@ async fn three_instances(
         .collect();
     let mut admitted = Vec::new();
     let mut used = Vec::new();
+    let mut timelines = Vec::new();
     for run in runs {
-        let (a, u) = run.await.unwrap();
-        admitted.extend(a);
-        used.push(u);
+        let run = run.await.unwrap();
+        admitted.extend(run.admitted);
+        used.push(run.used);
+        timelines.push(run.changes);
     }
 
     // Through the changes: a check decided by the script admits only while
     // its own policy's window ending at it holds at most its limit, counting
-    // every unit admitted anywhere (from grants of any policy too); any
+    // every unit admitted anywhere (from grants of any policy too) that the
+    // key still remembers (a unit is remembered for the shortest window in
+    // use since it was admitted: `RedisStore::reconfigured` states it); any
     // admission whose window holds admissions of its own policy only, a
     // lease's included, likewise.
     for a in &admitted {
@@ -206,7 +248,9 @@ async fn three_instances(
         if a.leased && !window_of_one_policy(&admitted, a, shape.window_us()) {
             continue;
         }
-        let held = certainly_in_window(&admitted, a, shape.window_us());
+        let remembered =
+            |b: &Admission| shortest_window(&timelines, &shapes, b.before_us, a.after_us);
+        let held = certainly_in_window(&admitted, a, shape.window_us(), remembered);
         prop_assert!(
             held <= shape.limit,
             "{held} units in the window of {shape:?} ending at {a:?}"
