@@ -157,7 +157,8 @@ pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
 pub use extract::{key_fn, tiered_key_fn, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 pub use layer::{
-    MissingKey, OnLimit, RateLimited, SlidingWindow, SlidingWindowLayer, SlidingWindowLayerBuilder,
+    MissingKey, OnLimit, RateLimited, Settlement, SlidingWindow, SlidingWindowLayer,
+    SlidingWindowLayerBuilder, Unsettled,
 };
 pub use limiter::Limiter;
 pub use policy::{Policy, PolicyBuilder, PolicyParseError, Precision};

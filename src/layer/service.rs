@@ -16,9 +16,10 @@
 //! way) and is forwarded, rejected through [`act`], or waits in the response
 //! future. Backpressure also holds `poll_ready` until a unit is reserved.
 
-use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers};
+use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers, Verdict};
 use super::future::{take_readied, ResponseFuture};
 use super::rejection::{Rejection, RejectionMode, Violated};
+use super::settle::{self, Ledger};
 use super::shared::{MissingKey, Shared, SlidingWindowLayer};
 use super::tiers::{DeniedTier, Policies, Tier, TierCache, TierState, TierTable};
 use super::waiting::{self, BoxedReady};
@@ -185,6 +186,11 @@ macro_rules! decide_now {
         if let [limit] = &policies.limits[..] {
             match limit.store.check_now(&$key, $cost) {
                 Some(Ok(d)) if d.is_allowed() => {
+                    if shared.settles() {
+                        let headers = shared.mode.allowed_headers(|| policies.report(0, d));
+                        let ledger = Ledger::new(layer, policies, $key, $cost, [Some(&d)]);
+                        return settle::forward::<S, Req, X, St, M>(ledger, $inner, $req, headers);
+                    }
                     // Written out rather than through `ResponseFuture::forward`:
                     // the request is moved once fewer when `call` is inlined.
                     return match shared.mode.allowed_headers(|| policies.report(0, d)) {
@@ -216,7 +222,16 @@ macro_rules! decide_now {
         }
         let verdict = decide(policies, &$key, &answers);
         return match act::<Req, S, X, St, M>(shared, policies, &$req, &$key, verdict, &answers) {
-            Action::Forward(headers) => ResponseFuture::forward($inner, $req, headers),
+            Action::Forward(headers) => {
+                let allowed = matches!(verdict, Verdict::Allowed(_));
+                let admitted = answers.iter().map(admitted);
+                match settle::ledger_for(layer, policies, allowed, &$key, $cost, admitted) {
+                    Some(ledger) => {
+                        settle::forward::<S, Req, X, St, M>(ledger, $inner, $req, headers)
+                    }
+                    None => ResponseFuture::forward($inner, $req, headers),
+                }
+            }
             Action::Reject(output) => ResponseFuture::rejected(output),
         };
     }};
@@ -503,7 +518,10 @@ where
             Action::Forward(headers) => headers,
             Action::Reject(output) => return output,
         };
-        M::finish(ready.call(req).await, headers)
+        let allowed = matches!(verdict, Verdict::Allowed(_));
+        let admitted = g.answers.iter().map(admitted);
+        let ledger = settle::ledger_for(&g.shared, &g.policies, allowed, &g.key, cost, admitted);
+        M::finish(settle::call(ledger, &mut ready, req).await, headers)
     }))
 }
 
