@@ -631,3 +631,118 @@ fn a_store_on_the_default_charge_counts_nothing() {
     assert!(plain.charge(&"k".to_owned(), 3).is_none());
     assert_eq!(plain.0.usage(&"k".to_owned()).used, 0);
 }
+
+/// The most of `times` in any interval of length `window`.
+fn most_in_any_window(times: &mut [tokio::time::Instant], window: Duration) -> usize {
+    times.sort();
+    let (mut most, mut first) = (0, 0);
+    for last in 0..times.len() {
+        while times[last] - times[first] >= window {
+            first += 1;
+        }
+        most = most.max(last + 1 - first);
+    }
+    most
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_hundred_concurrent_failed_logins_admit_five_and_never_lock_out_a_success_for_long() {
+    const LIMIT: u32 = 5;
+    const WINDOW: Duration = Duration::from_secs(60);
+    // 15 buckets of 4 s: a unit leaves the span at most a bucket after W.
+    const SPAN: Duration = Duration::from_secs(64);
+    let layer = SlidingWindowLayer::builder(key_fn(user))
+        .policy(policy("failed-logins", LIMIT, WINDOW))
+        .clock(tower_sliding_window::clock::TokioClock::new())
+        .count_if(|status, _| status == StatusCode::UNAUTHORIZED)
+        .build()
+        .unwrap();
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let svc = ServiceBuilder::new().layer(layer).service(service_fn({
+        let failures = failures.clone();
+        move |req: Request<StringBody>| {
+            let failures = failures.clone();
+            async move {
+                if req.body() == "right" {
+                    return Ok::<_, Infallible>(Response::new(String::new()));
+                }
+                failures.lock().unwrap().push(tokio::time::Instant::now());
+                // Checking a password hash takes a while: the request stays
+                // in flight while the others arrive.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let response = Response::builder().status(401).body(String::new());
+                Ok(response.unwrap())
+            }
+        }
+    }));
+    // (time, refused) of every success, and when each failure reached the
+    // handler.
+    let mut successes = Vec::new();
+    let start = tokio::time::Instant::now();
+    for round in 0..4u32 {
+        // 200 wrong passwords at once, successes interleaved with them.
+        let mut calls = Vec::new();
+        for i in 0..220 {
+            let password = if i % 11 == 5 { "right" } else { "wrong" };
+            let req = Request::builder()
+                .header("x-user", "ada")
+                .body(password.to_owned())
+                .unwrap();
+            let call = svc.clone().oneshot(req);
+            calls.push((password, tokio::spawn(call)));
+        }
+        for (password, call) in calls {
+            let status = call.await.unwrap().unwrap().status();
+            if password == "right" {
+                successes.push((
+                    tokio::time::Instant::now(),
+                    status == StatusCode::TOO_MANY_REQUESTS,
+                ));
+            } else {
+                assert_ne!(status, StatusCode::OK);
+            }
+        }
+        // Successes one by one as time passes, across the failures' window.
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_secs(4) + Duration::from_millis(round.into()))
+                .await;
+            let right = Request::builder()
+                .header("x-user", "ada")
+                .body("right".to_owned())
+                .unwrap();
+            let status = svc.clone().oneshot(right).await.unwrap().status();
+            successes.push((
+                tokio::time::Instant::now(),
+                status == StatusCode::TOO_MANY_REQUESTS,
+            ));
+        }
+    }
+    let mut failed = failures.lock().unwrap().clone();
+    assert_eq!(
+        failed.len(),
+        4 * LIMIT as usize,
+        "five per round, each round a window apart"
+    );
+    assert_eq!(most_in_any_window(&mut failed, WINDOW), LIMIT as usize);
+    // A success is refused only while failures admitted within the span
+    // fill it; once they have left, never.
+    for &(at, refused) in &successes {
+        let recent = failed.iter().filter(|&&f| f <= at && at - f < SPAN).count();
+        if recent == 0 {
+            assert!(
+                !refused,
+                "a success at {:?} was refused with no failure in the window",
+                at - start
+            );
+        }
+        if refused {
+            assert_eq!(recent, LIMIT as usize, "refused at {:?}", at - start);
+        }
+    }
+    assert!(
+        successes.iter().any(|&(_, refused)| refused),
+        "the failures did lock the key for a while"
+    );
+    // Each round, the successes after the failures' span (64 s of 80).
+    assert!(successes.iter().filter(|&&(_, refused)| !refused).count() >= 4 * 4);
+}
