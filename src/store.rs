@@ -49,7 +49,10 @@ pub trait Store<K>: Send + Sync + 'static {
     /// Returns what was counted, as an allowed decision (its
     /// [`cost`](Decision::cost) the units counted) that
     /// [`undo`](Store::undo) gives back, so that a later, lower settlement
-    /// can take the charge back; `None` when nothing was counted.
+    /// can take the charge back; `None` when nothing was counted. Like
+    /// `undo`, it is called from synchronous code (a response body's end, a
+    /// handler): a remote store counts in a task of its own and answers at
+    /// once.
     ///
     /// The default counts nothing and answers `None`: a store that cannot
     /// count past its limit. The tower layer then keeps the reservation as it

@@ -19,7 +19,7 @@
 use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers, Verdict};
 use super::future::{take_readied, ResponseFuture};
 use super::rejection::{Rejection, RejectionMode, Violated};
-use super::settle::{self, Ledger};
+use super::settle;
 use super::shared::{MissingKey, Shared, SlidingWindowLayer};
 use super::tiers::{DeniedTier, Policies, Tier, TierCache, TierState, TierTable};
 use super::waiting::{self, BoxedReady};
@@ -187,9 +187,7 @@ macro_rules! decide_now {
             match limit.store.check_now(&$key, $cost) {
                 Some(Ok(d)) if d.is_allowed() => {
                     if shared.settles() {
-                        let headers = shared.mode.allowed_headers(|| policies.report(0, d));
-                        let ledger = Ledger::new(layer, policies, $key, $cost, [Some(&d)]);
-                        return settle::forward::<S, Req, X, St, M>(ledger, $inner, $req, headers);
+                        return settle::forward_one(layer, policies, $inner, $req, $key, $cost, d);
                     }
                     // Written out rather than through `ResponseFuture::forward`:
                     // the request is moved once fewer when `call` is inlined.
@@ -222,16 +220,14 @@ macro_rules! decide_now {
         }
         let verdict = decide(policies, &$key, &answers);
         return match act::<Req, S, X, St, M>(shared, policies, &$req, &$key, verdict, &answers) {
-            Action::Forward(headers) => {
-                let allowed = matches!(verdict, Verdict::Allowed(_));
-                let admitted = answers.iter().map(admitted);
-                match settle::ledger_for(layer, policies, allowed, &$key, $cost, admitted) {
-                    Some(ledger) => {
-                        settle::forward::<S, Req, X, St, M>(ledger, $inner, $req, headers)
-                    }
-                    None => ResponseFuture::forward($inner, $req, headers),
-                }
+            Action::Forward(headers)
+                if shared.settles() && matches!(verdict, Verdict::Allowed(_)) =>
+            {
+                settle::forward_all(
+                    layer, policies, $inner, $req, $key, $cost, &answers, headers,
+                )
             }
+            Action::Forward(headers) => ResponseFuture::forward($inner, $req, headers),
             Action::Reject(output) => ResponseFuture::rejected(output),
         };
     }};

@@ -14,6 +14,7 @@
 //! cancellation, the [`Settlement`] handle) goes through the same ledger,
 //! under one lock.
 
+use super::decide::{admitted, Answers};
 use super::future::ResponseFuture;
 use super::rejection::RejectionMode;
 use super::response::RateLimitHeaders;
@@ -47,6 +48,15 @@ pub enum Unsettled {
     /// Every unit the request counted is given back.
     GiveBack,
 }
+
+/// Settles nothing: every reservation kept.
+static KEEP_ALL: SettleConfig = SettleConfig {
+    count_if: None,
+    settle: None,
+    handle: false,
+    on_error: Unsettled::Keep,
+    on_cancel: Unsettled::Keep,
+};
 
 /// What a layer settles after the response, as its builder set it.
 #[derive(Clone, Default)]
@@ -173,12 +183,8 @@ where
     }
 
     fn config(&self) -> &SettleConfig {
-        // A ledger is made only for a layer that settles.
-        static NONE: std::sync::OnceLock<SettleConfig> = std::sync::OnceLock::new();
-        self.shared
-            .settle
-            .as_ref()
-            .unwrap_or_else(|| NONE.get_or_init(SettleConfig::default))
+        // Ledgers are made only for a layer that settles: never the default.
+        self.shared.settle.as_ref().unwrap_or(&KEEP_ALL)
     }
 
     /// The response arrived: settle as `count_if` and `settle` say, unless
@@ -466,6 +472,58 @@ where
         pending.finish::<Req, S>(&output);
         M::finish(output, headers)
     }))
+}
+
+/// [`forward`] for a request one policy admitted with `admitted` at once
+/// (the common case): out of line, so that a layer that does not settle
+/// carries none of it on its allowed path.
+#[cold]
+#[inline(never)]
+pub(crate) fn forward_one<S, Req, X, St, M>(
+    shared: &Arc<Shared<X, St, M>>,
+    policies: &Arc<Policies<St>>,
+    inner: &mut S,
+    req: Req,
+    key: KeyOf<X>,
+    cost: u32,
+    admitted: Decision,
+) -> ResponseFuture<S::Future, M>
+where
+    S: Service<Req>,
+    S::Future: Send + 'static,
+    X: Keyed + Send + Sync + 'static,
+    St: Store<KeyOf<X>>,
+    M: RejectionMode<Req, S>,
+{
+    let headers = shared.mode.allowed_headers(|| policies.report(0, admitted));
+    let ledger = Ledger::new(shared, policies, key, cost, [Some(&admitted)]);
+    forward(ledger, inner, req, headers)
+}
+
+/// [`forward`] for a request every policy admitted, their `answers` in
+/// hand: out of line, as [`forward_one`].
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)] // the request and all it was decided by
+pub(crate) fn forward_all<S, Req, X, St, M>(
+    shared: &Arc<Shared<X, St, M>>,
+    policies: &Arc<Policies<St>>,
+    inner: &mut S,
+    req: Req,
+    key: KeyOf<X>,
+    cost: u32,
+    answers: &Answers,
+    headers: Option<RateLimitHeaders>,
+) -> ResponseFuture<S::Future, M>
+where
+    S: Service<Req>,
+    S::Future: Send + 'static,
+    X: Keyed + Send + Sync + 'static,
+    St: Store<KeyOf<X>>,
+    M: RejectionMode<Req, S>,
+{
+    let ledger = Ledger::new(shared, policies, key, cost, answers.iter().map(admitted));
+    forward(ledger, inner, req, headers)
 }
 
 /// The ledger of a request admitted by `verdict`, if the layer settles and
