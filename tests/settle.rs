@@ -746,3 +746,33 @@ async fn two_hundred_concurrent_failed_logins_admit_five_and_never_lock_out_a_su
     // Each round, the successes after the failures' span (64 s of 80).
     assert!(successes.iter().filter(|&&(_, refused)| !refused).count() >= 4 * 4);
 }
+
+#[tokio::test]
+async fn a_dry_run_settles_what_it_admits_and_nothing_else() {
+    let layer = SlidingWindowLayer::builder(key_fn(user))
+        .policy(policy("failures", 2, MINUTE))
+        .clock(ManualClock::new())
+        .count_if(|status, _| status == StatusCode::UNAUTHORIZED)
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(echo());
+    // Successes are given back; failures count, up to the limit.
+    for _ in 0..3 {
+        let ok = svc.clone().oneshot(with("k", &[])).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+    assert_eq!(used_by(&layer, 0, "k"), 0);
+    // Four failures: two counted, two would-be rejections forwarded, which
+    // counted nothing and settle nothing.
+    for _ in 0..4 {
+        let failed = svc
+            .clone()
+            .oneshot(with("k", &[("x-status", "401")]))
+            .await
+            .unwrap();
+        assert_eq!(failed.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(used_by(&layer, 0, "k"), 2);
+    assert_eq!(layer.stats().dry_run_rejections, 2);
+}

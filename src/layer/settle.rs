@@ -320,6 +320,11 @@ where
 /// replaces theirs. Each call replaces the one before: the request counts
 /// the amount of the last.
 ///
+/// Extensions hold one value of a type: with two layers that
+/// [`settle_later`](crate::SlidingWindowLayerBuilder::settle_later) stacked,
+/// the request carries the inner layer's handle, and the outer layer settles
+/// by its own `count_if` and `settle` only.
+///
 /// ```
 /// use std::convert::Infallible;
 /// use std::time::Duration;
