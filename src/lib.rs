@@ -55,6 +55,12 @@
 //! ([`backpressure`](SlidingWindowLayerBuilder::backpressure)). The queues
 //! work without tower too: [`wait::WaitQueues`] and [`wait::Backpressure`].
 //!
+//! A request can also count what its response says: reserved at admission,
+//! settled after the response ([`count_if`](SlidingWindowLayerBuilder::count_if)
+//! for failed logins only, [`settle`](SlidingWindowLayerBuilder::settle) and
+//! the [`Settlement`] handle for costs known later, such as tokens; see the
+//! guide's [settling](guide::settling) chapter).
+//!
 //! # The limiter on its own
 //!
 //! The core [`Limiter`] works without tower: `check(&key)` returns a
@@ -163,7 +169,8 @@ pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
 pub use extract::{key_fn, tiered_key_fn, ClientIp, GlobalKey, HeaderKey, KeyExtractor, PeerIp};
 pub use layer::{
-    MissingKey, OnLimit, RateLimited, SlidingWindow, SlidingWindowLayer, SlidingWindowLayerBuilder,
+    MissingKey, OnLimit, RateLimited, Settlement, SlidingWindow, SlidingWindowLayer,
+    SlidingWindowLayerBuilder, Unsettled,
 };
 pub use limiter::Limiter;
 pub use policy::{Policy, PolicyBuilder, PolicyParseError, Precision};

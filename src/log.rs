@@ -76,6 +76,8 @@ pub(crate) struct LayerLogs {
     pub(crate) undecided: Throttle,
     /// A request named a tier the table does not have (`warn`).
     pub(crate) unknown_tier: Throttle,
+    /// A settlement's excess that the store could not charge (`warn`).
+    pub(crate) uncharged: Throttle,
 }
 
 #[cfg(test)]

@@ -32,6 +32,11 @@ mod on {
     pub(crate) const REQUESTS: &str = "tower_sliding_window_requests_total";
     /// How long admitted requests waited for their turn.
     pub(crate) const WAIT_SECONDS: &str = "tower_sliding_window_wait_seconds";
+    /// Units settlements changed after the response, by policy and outcome:
+    /// `given_back` (the request did not count, or cost less than
+    /// reserved), `charged` (it cost more), `uncharged` (it cost more, but
+    /// the store could not count past its limit).
+    pub(crate) const SETTLED_UNITS: &str = "tower_sliding_window_settled_units_total";
     use ::metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -82,6 +87,43 @@ mod on {
                 }
             }
             self.keys.set(keys as f64);
+        }
+    }
+
+    /// One policy's settlements, registered at the first one (a layer that
+    /// never settles shows none of these series).
+    pub(crate) struct SettleMetrics {
+        policy: Box<str>,
+        counters: std::sync::OnceLock<[Counter; 3]>,
+    }
+
+    impl SettleMetrics {
+        pub(crate) fn new(policy: &str) -> Self {
+            SettleMetrics {
+                policy: policy.into(),
+                counters: std::sync::OnceLock::new(),
+            }
+        }
+
+        fn add(&self, which: usize, units: u32) {
+            let counters = self.counters.get_or_init(|| {
+                ["given_back", "charged", "uncharged"].map(|outcome| {
+                    counter!(SETTLED_UNITS, "policy" => self.policy.to_string(), "outcome" => outcome)
+                })
+            });
+            counters[which].increment(u64::from(units));
+        }
+
+        pub(crate) fn given_back(&self, units: u32) {
+            self.add(0, units);
+        }
+
+        pub(crate) fn charged(&self, units: u32) {
+            self.add(1, units);
+        }
+
+        pub(crate) fn uncharged(&self, units: u32) {
+            self.add(2, units);
         }
     }
 
@@ -176,6 +218,24 @@ mod off {
         #[inline(always)]
         pub(crate) fn flush(&self, _admitted: u64, _rejected: u64, _overflowed: u64, _keys: usize) {
         }
+    }
+
+    pub(crate) struct SettleMetrics;
+
+    impl SettleMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_policy: &str) -> Self {
+            SettleMetrics
+        }
+
+        #[inline(always)]
+        pub(crate) fn given_back(&self, _units: u32) {}
+
+        #[inline(always)]
+        pub(crate) fn charged(&self, _units: u32) {}
+
+        #[inline(always)]
+        pub(crate) fn uncharged(&self, _units: u32) {}
     }
 
     pub(crate) struct LayerMetrics;

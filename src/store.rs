@@ -41,6 +41,29 @@ pub trait Store<K>: Send + Sync + 'static {
     /// Give back what an allowed `decision` counted (best effort).
     fn undo(&self, key: &K, decision: &Decision);
 
+    /// Count `units` for `key` at once, whether or not they fit, past the
+    /// limit too: the excess of a request admitted with a smaller cost than
+    /// it turned out to have (see the [guide](crate::guide::settling)). The
+    /// key's checks are then denied until its window is back under the limit.
+    ///
+    /// Returns what was counted, as an allowed decision (its
+    /// [`cost`](Decision::cost) the units counted) that
+    /// [`undo`](Store::undo) gives back, so that a later, lower settlement
+    /// can take the charge back; `None` when nothing was counted. Like
+    /// `undo`, it is called from synchronous code (a response body's end, a
+    /// handler): a remote store counts in a task of its own and answers at
+    /// once.
+    ///
+    /// The default counts nothing and answers `None`: a store that cannot
+    /// count past its limit. The tower layer then keeps the reservation as it
+    /// is, reports the units in its `uncharged` metric and logs it at WARN
+    /// (at most once a second). The in-memory [`Limiter`] counts exactly
+    /// ([`Limiter::charge`]).
+    fn charge(&self, key: &K, units: u32) -> Option<Decision> {
+        let _ = (key, units);
+        None
+    }
+
     /// The policy this store enforces.
     fn policy(&self) -> &Policy;
 
@@ -216,6 +239,10 @@ where
 
     fn undo(&self, key: &K, decision: &Decision) {
         Limiter::undo(self, key, decision)
+    }
+
+    fn charge(&self, key: &K, units: u32) -> Option<Decision> {
+        Limiter::charge(self, key, units)
     }
 
     fn policy(&self) -> &Policy {

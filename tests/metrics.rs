@@ -561,3 +561,45 @@ async fn a_redis_store_counts_its_leases() {
         40
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn settlements_report_units_given_back_and_charged_by_policy() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let layer = SlidingWindowLayer::builder(by_user())
+        .cost(|_: &Request<String>| 10)
+        .policies([
+            policy("minute", 100, 60_000),
+            policy("hour", 1000, 3_600_000),
+        ])
+        .settle(|_, headers| headers.get("x-used")?.to_str().ok()?.parse().ok())
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(tower::service_fn(|req: Request<String>| async move {
+            let used = req.body().clone();
+            let response = Response::builder().header("x-used", used);
+            Ok::<_, Infallible>(response.body(String::new()).unwrap())
+        }));
+    for used in ["4", "25", "10"] {
+        let mut req = request(Some("ada"), "/");
+        *req.body_mut() = used.to_owned();
+        assert_eq!(
+            svc.clone().oneshot(req).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    let snapshot = Snapshot::take(&snapshotter);
+    let units = "tower_sliding_window_settled_units_total";
+    for policy in ["minute", "hour"] {
+        let given_back = [("policy", policy), ("outcome", "given_back")];
+        let charged = [("policy", policy), ("outcome", "charged")];
+        assert_eq!(snapshot.counter(units, &given_back), 6, "{policy}");
+        assert_eq!(snapshot.counter(units, &charged), 15, "{policy}");
+        let uncharged = [("policy", policy), ("outcome", "uncharged")];
+        assert_eq!(snapshot.counter(units, &uncharged), 0, "{policy}");
+    }
+}

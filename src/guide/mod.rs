@@ -15,6 +15,9 @@
 //! - [`algorithm`]: the ring of sub-window counters, and why strict mode never
 //!   admits more than the limit in any window, even under races.
 //! - [`waiting`]: how the layer holds a request back instead of rejecting it.
+//! - [`settling`]: counting what the response says: failed logins only,
+//!   or a token budget settled from the response (reserve at admission,
+//!   settle after the response), and what a window can hold then.
 //! - [`tiers`]: limits per client tier, read from configuration and changed
 //!   at run time, and what a change guarantees.
 //! - [`fleet`]: a fleet on one Redis (feature `redis`): what happens when
@@ -61,6 +64,10 @@ pub mod ordering {
 
 pub mod waiting {
     #![doc = include_str!("waiting.md")]
+}
+
+pub mod settling {
+    #![doc = include_str!("settling.md")]
 }
 
 pub mod tiers {

@@ -10,6 +10,7 @@
 
 use super::local::{AsLocal, LayerQueues, LocalStore};
 use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig, ProblemDetails};
+use super::settle::{SettleConfig, Unsettled};
 use super::shared::{
     Hold, KeyFormatter, LayerCounters, MissingKey, OnLimit, Shared, SlidingWindowLayer,
 };
@@ -113,6 +114,8 @@ struct Settings<K> {
     /// A layer of tiers: the tier that requests of a tier the table lacks
     /// are decided by.
     unknown_tier_fallback: Option<Box<str>>,
+    /// How admitted requests settle after their response (HTTP mode).
+    settle: Option<SettleConfig>,
     /// A mistake found while configuring, reported by `build()`.
     error: Option<ConfigError>,
 }
@@ -231,6 +234,7 @@ impl<X: Keyed> SlidingWindowLayer<X> {
                 reserve_key: None,
                 http_rejection: false,
                 unknown_tier_fallback: None,
+                settle: None,
                 error: None,
             },
         }
@@ -455,6 +459,7 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
                 wait: LayerQueues::new(hold.wait_config()),
                 local,
                 reserve_key,
+                settle: settings.settle,
             }),
         })
     }
@@ -935,6 +940,148 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
             },
             settings,
         }
+    }
+
+    /// The settings of settlement, made on first use.
+    fn settle_config(&mut self) -> &mut SettleConfig {
+        self.settings.http_rejection = true;
+        self.settings
+            .settle
+            .get_or_insert_with(SettleConfig::default)
+    }
+
+    /// Count a request only if its response says so: `count_if(status,
+    /// headers)` false gives back every unit the request counted. Reserve at
+    /// admission, settle after the response: the units are counted when the
+    /// request is admitted, so concurrent requests never pass the limit
+    /// together (a hundred wrong passwords at once meet the limit as one
+    /// after another would), and given back when the response arrives. The
+    /// body is not read: the predicate sees the status and headers only,
+    /// whatever the body type.
+    ///
+    /// For gRPC, a status other than OK that tonic answers before any message
+    /// (a trailers-only response, as interceptors and most errors are) has
+    /// its `grpc-status` among these headers: `headers.get("grpc-status")`
+    /// reads it (`"16"` for UNAUTHENTICATED). A status sent after messages is
+    /// in the trailers, which the layer does not read: settle those from the
+    /// handler with the [`Settlement`](crate::Settlement) handle ([`settle_later`](Self::settle_later)).
+    ///
+    /// With [`settle`](Self::settle) too, `count_if` is asked first: a
+    /// response that does not count settles to 0, one that counts to what
+    /// `settle` says. See the [guide](crate::guide::settling) for what a window
+    /// holds, cancellation, errors and the handle.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{service_fn, ServiceBuilder, ServiceExt};
+    /// use tower_sliding_window::{key_fn, Policy, SlidingWindowLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let by_user = key_fn(|req: &Request<String>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()));
+    /// // At most 2 failed logins per user in 15 minutes; successes are free.
+    /// let layer = SlidingWindowLayer::builder(by_user)
+    ///     .policy(Policy::per(2, Duration::from_secs(15 * 60))?)
+    ///     .count_if(|status, _| status == StatusCode::UNAUTHORIZED)
+    ///     .build()?;
+    /// let login = ServiceBuilder::new().layer(layer).service(service_fn(|req: Request<String>| async move {
+    ///     let status = if req.body() == "right" { StatusCode::OK } else { StatusCode::UNAUTHORIZED };
+    ///     Ok::<_, Infallible>(Response::builder().status(status).body(String::new()).unwrap())
+    /// }));
+    /// let attempt = |password: &str| Request::builder().header("x-user", "ada").body(password.to_owned()).unwrap();
+    /// for _ in 0..5 {
+    ///     assert_eq!(login.clone().oneshot(attempt("right")).await?.status(), StatusCode::OK);
+    /// }
+    /// assert_eq!(login.clone().oneshot(attempt("wrong")).await?.status(), StatusCode::UNAUTHORIZED);
+    /// assert_eq!(login.clone().oneshot(attempt("wrong")).await?.status(), StatusCode::UNAUTHORIZED);
+    /// assert_eq!(login.clone().oneshot(attempt("right")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok(()) }
+    /// ```
+    pub fn count_if<F>(mut self, count_if: F) -> Self
+    where
+        F: Fn(http::StatusCode, &http::HeaderMap) -> bool + Send + Sync + 'static,
+    {
+        self.settle_config().count_if = Some(Arc::new(count_if));
+        self
+    }
+
+    /// Settle a request at the cost its response says: `settle(status,
+    /// headers)` returns the units it really cost, or `None` to keep what it
+    /// was admitted with (its [`cost`](Self::cost), an estimate). Less than
+    /// reserved: the difference is given back. More: the excess is charged to
+    /// the key at once, past the limit if need be, and the key is denied
+    /// until its window is back under the limit. The body is not read.
+    ///
+    /// What a window can hold when excesses are charged is in the
+    /// [guide](crate::guide::settling): the limit, plus the excesses of
+    /// requests that were in flight. A store that cannot count past its
+    /// limit (one on the [`Store::charge`] default, such as the Redis store
+    /// today) gives back but does not charge.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{service_fn, ServiceBuilder, ServiceExt};
+    /// use tower_sliding_window::{key_fn, Policy, SlidingWindowLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let by_key = key_fn(|req: &Request<String>| req.headers().get("x-api-key").map(|v| v.as_bytes().to_vec()));
+    /// // 1000 tokens a minute per API key; each request reserves 100.
+    /// let layer = SlidingWindowLayer::builder(by_key)
+    ///     .cost(|_: &Request<String>| 100)
+    ///     .policy(Policy::per(1000, Duration::from_secs(60))?)
+    ///     .settle(|_, headers| headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()?;
+    /// let api = ServiceBuilder::new().layer(layer.clone()).service(service_fn(|_: Request<String>| async {
+    ///     Ok::<_, Infallible>(Response::builder().header("x-tokens-used", "950").body(String::new()).unwrap())
+    /// }));
+    /// let req = || Request::builder().header("x-api-key", "k1").body(String::new()).unwrap();
+    /// assert_eq!(api.clone().oneshot(req()).await?.status(), StatusCode::OK);
+    /// // 950 counted: the next reservation of 100 does not fit.
+    /// assert_eq!(layer.stores().next().unwrap().usage(&b"k1".to_vec()).used, 950);
+    /// assert_eq!(api.clone().oneshot(req()).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok(()) }
+    /// ```
+    pub fn settle<F>(mut self, settle: F) -> Self
+    where
+        F: Fn(http::StatusCode, &http::HeaderMap) -> Option<u32> + Send + Sync + 'static,
+    {
+        self.settle_config().settle = Some(Arc::new(settle));
+        self
+    }
+
+    /// Put a [`Settlement`](crate::Settlement) in the extensions of every admitted request, for
+    /// a handler (or a response body at its end) to settle the request when
+    /// it knows the cost: settle to `n` units, or give all back. A handle
+    /// dropped without a word keeps what the request counts. Once the handle
+    /// has settled, [`count_if`](Self::count_if) and [`settle`](Self::settle)
+    /// no longer apply to the request (see [`Settlement`](crate::Settlement)).
+    pub fn settle_later(mut self) -> Self {
+        self.settle_config().handle = true;
+        self
+    }
+
+    /// What a request counts when the inner service fails (answers an error,
+    /// not a response): [`Unsettled::Keep`] by default, or give it all back.
+    /// An HTTP error status is a response, which [`count_if`](Self::count_if)
+    /// and [`settle`](Self::settle) read; this is for the service's `Err`.
+    pub fn settle_on_error(mut self, unsettled: Unsettled) -> Self {
+        self.settle_config().on_error = unsettled;
+        self
+    }
+
+    /// What a request counts when its response future is dropped before the
+    /// response (the client went away, a timeout above the layer):
+    /// [`Unsettled::Keep`] by default, or give it all back. Keeping is the safe
+    /// side: the handler may have done the work (checked the password) before
+    /// the caller left.
+    pub fn settle_on_cancel(mut self, unsettled: Unsettled) -> Self {
+        self.settle_config().on_cancel = unsettled;
+        self
     }
 
     /// The status of a rate-limited plain HTTP response (default 429; some

@@ -11,7 +11,8 @@
 //! reaches the caller), `tiers` (the policies a request is decided by: the
 //! layer's, or its tier's), `local` (the in-memory stores and wait queues the
 //! waiting modes use), `shared` (the layer and its shared state), `decide`
-//! (one request's all-or-nothing decision), `future`, `waiting` (the waiting
+//! (one request's all-or-nothing decision), `future`, `settle` (what an
+//! admitted request counts once its response is known), `waiting` (the waiting
 //! modes), `service`, `builder`.
 
 mod response;
@@ -28,6 +29,8 @@ mod decide;
 
 mod future;
 
+mod settle;
+
 pub(crate) mod waiting;
 
 mod service;
@@ -41,6 +44,7 @@ pub use self::rejection::{
     ProblemDetails, RateLimited, RejectResponse, RejectionMode,
 };
 pub use self::service::SlidingWindow;
+pub use self::settle::{Settlement, Unsettled};
 pub use self::shared::{
     LayerStats, MissingKey, OnLimit, SlidingWindowLayer, TierStores, MAX_POLICIES,
 };

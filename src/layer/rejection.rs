@@ -99,6 +99,20 @@ pub(crate) mod sealed {
     {
         fn map_error(error: S::Error) -> Self::Error;
 
+        /// The request's extensions, where a settlement handle goes (HTTP
+        /// mode; error mode takes any request and has none).
+        fn extensions(req: &mut Req) -> Option<&mut http::Extensions> {
+            let _ = req;
+            None
+        }
+
+        /// The response's status and headers, which settlements read (HTTP
+        /// mode; error mode has none).
+        fn response_head(response: &S::Response) -> Option<(StatusCode, &http::HeaderMap)> {
+            let _ = response;
+            None
+        }
+
         /// The headers for a forwarded request, if this mode writes any. The
         /// report is built only then: most layers write none on success.
         fn allowed_headers<'r>(
@@ -375,6 +389,14 @@ where
     #[inline]
     fn map_error(error: S::Error) -> S::Error {
         error
+    }
+
+    fn extensions(req: &mut Request<ReqBody>) -> Option<&mut http::Extensions> {
+        Some(req.extensions_mut())
+    }
+
+    fn response_head(response: &Response<ResBody>) -> Option<(StatusCode, &http::HeaderMap)> {
+        Some((response.status(), response.headers()))
     }
 
     #[inline]

@@ -16,9 +16,10 @@
 //! way) and is forwarded, rejected through [`act`], or waits in the response
 //! future. Backpressure also holds `poll_ready` until a unit is reserved.
 
-use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers};
+use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers, Verdict};
 use super::future::{take_readied, ResponseFuture};
 use super::rejection::{Rejection, RejectionMode, Violated};
+use super::settle;
 use super::shared::{MissingKey, Shared, SlidingWindowLayer};
 use super::tiers::{DeniedTier, Policies, Tier, TierCache, TierState, TierTable};
 use super::waiting::{self, BoxedReady};
@@ -185,6 +186,9 @@ macro_rules! decide_now {
         if let [limit] = &policies.limits[..] {
             match limit.store.check_now(&$key, $cost) {
                 Some(Ok(d)) if d.is_allowed() => {
+                    if shared.settles() {
+                        return settle::forward_one(layer, policies, $inner, $req, $key, $cost, d);
+                    }
                     // Written out rather than through `ResponseFuture::forward`:
                     // the request is moved once fewer when `call` is inlined.
                     return match shared.mode.allowed_headers(|| policies.report(0, d)) {
@@ -216,6 +220,13 @@ macro_rules! decide_now {
         }
         let verdict = decide(policies, &$key, &answers);
         return match act::<Req, S, X, St, M>(shared, policies, &$req, &$key, verdict, &answers) {
+            Action::Forward(headers)
+                if shared.settles() && matches!(verdict, Verdict::Allowed(_)) =>
+            {
+                settle::forward_all(
+                    layer, policies, $inner, $req, $key, $cost, &answers, headers,
+                )
+            }
             Action::Forward(headers) => ResponseFuture::forward($inner, $req, headers),
             Action::Reject(output) => ResponseFuture::rejected(output),
         };
@@ -503,7 +514,10 @@ where
             Action::Forward(headers) => headers,
             Action::Reject(output) => return output,
         };
-        M::finish(ready.call(req).await, headers)
+        let allowed = matches!(verdict, Verdict::Allowed(_));
+        let admitted = g.answers.iter().map(admitted);
+        let ledger = settle::ledger_for(&g.shared, &g.policies, allowed, &g.key, cost, admitted);
+        M::finish(settle::call(ledger, &mut ready, req).await, headers)
     }))
 }
 

@@ -2,6 +2,7 @@
 //! [`build`](crate::SlidingWindowLayerBuilder), behind one `Arc`.
 
 use super::local::{AsLocal, LayerQueues};
+use super::settle::SettleConfig;
 use super::tiers::TierHandle;
 pub(crate) use super::tiers::{Policies, TierState};
 use crate::error::ConfigError;
@@ -193,6 +194,9 @@ pub(crate) struct Shared<X: Keyed, St, M> {
     /// The key `poll_ready` reserves a unit of: the global limit's `()` under
     /// backpressure (not in a dry run); `None` otherwise.
     pub(crate) reserve_key: Option<KeyOf<X>>,
+    /// How admitted requests settle after their response: `None` when they
+    /// do not (their units stay counted as admitted).
+    pub(crate) settle: Option<SettleConfig>,
 }
 
 impl<X: Keyed, St, M> Shared<X, St, M> {
@@ -201,6 +205,12 @@ impl<X: Keyed, St, M> Shared<X, St, M> {
         self.key_formatter
             .as_ref()
             .map(|format| LoggedKey { key, format })
+    }
+
+    /// True when admitted requests settle after their response.
+    #[inline(always)]
+    pub(crate) fn settles(&self) -> bool {
+        self.settle.is_some()
     }
 
     /// True when over-limit requests wait rather than being rejected. A dry

@@ -15,6 +15,7 @@ use super::rejection::Violated;
 use super::response::{self, PolicyName, Report};
 use crate::decision::Decision;
 use crate::error::ConfigError;
+use crate::metrics::SettleMetrics;
 use crate::policy::Policy;
 use crate::store::Store;
 use crate::tier::{TierLimits, TierNames, Tiers, MAX_POLICIES};
@@ -30,6 +31,8 @@ pub(crate) struct Limit<St> {
     pub(crate) store: St,
     pub(crate) name: PolicyName,
     pub(crate) quoted_name: Box<str>,
+    /// Units its settlements gave back and charged, for the recorder.
+    pub(crate) settled: SettleMetrics,
 }
 
 /// The policies a request is decided by, all-or-nothing: the layer's, or
@@ -101,6 +104,7 @@ impl<St> Policies<St> {
                 });
             }
             limits.push(Limit {
+                settled: SettleMetrics::new(name),
                 name: PolicyName::from(name),
                 quoted_name: response::quoted(name).into_boxed_str(),
                 store,

@@ -10,6 +10,7 @@ use super::decide::{act, ask_now_local, decide, give_back, queued_verdict, Actio
 use super::future::{take_readied, ResponseFuture};
 use super::local::{Admitted, LayerQueues};
 use super::rejection::RejectionMode;
+use super::settle::{self, Ledger};
 use super::shared::{Shared, MAX_POLICIES};
 use crate::decision::Decision;
 use crate::extract::{KeyExtractor, KeyOf, Keyed};
@@ -195,14 +196,14 @@ where
         None => None,
     };
     let mut waiter = match reserved {
-        Some(admitted) => return respond_now(shared, inner, req, &key, Ok(admitted)),
+        Some(admitted) => return respond_now(shared, inner, req, &key, cost, Ok(admitted)),
         None => Waiter::new(Arc::clone(shared), key.clone(), cost),
     };
     if let Some(result) = waiter.take_decided() {
         if result.is_err() {
             shared.metrics.wait_rejected();
         }
-        return respond_now(shared, inner, req, &key, result);
+        return respond_now(shared, inner, req, &key, cost, result);
     }
     let started = shared.metrics.wait_started();
     // A clone, readied only once the request is admitted. The instance
@@ -250,15 +251,17 @@ where
             // key's waiters would take each other's units forever.
             waiter = Waiter::renew(Arc::clone(&shared), key.clone(), cost, &admitted);
         };
+        let ledger = admitted_ledger(&shared, &key, cost, &result);
         let headers = match outcome::<S, Req, X, St, M>(&shared, &req, &key, result) {
             Action::Forward(headers) => headers,
             Action::Reject(output) => return output,
         };
         if let Some(e) = failed {
+            // Never sent: its units were given back (`Unsent::release`).
             return M::finish(Err(e), headers);
         }
         drop(failed); // None: not held across the call (S::Error need not be Send)
-        M::finish(inner.call(req).await, headers)
+        M::finish(settle::call(ledger, &mut inner, req).await, headers)
     }))
 }
 
@@ -291,23 +294,52 @@ impl<K: Hash + Eq + Clone, G: Gate<K>> Drop for Unsent<'_, K, G> {
 }
 
 fn respond_now<S, Req, X, St, M>(
-    shared: &Shared<X, St, M>,
+    shared: &Arc<Shared<X, St, M>>,
     inner: &mut S,
     req: Req,
     key: &KeyOf<X>,
+    cost: u32,
     result: Result<Admitted, WaitRejected>,
 ) -> ResponseFuture<S::Future, M>
 where
     S: Service<Req>,
     S::Future: Send + 'static,
-    X: Keyed,
+    X: Keyed + Send + Sync + 'static,
     St: Store<KeyOf<X>>,
     M: RejectionMode<Req, S>,
 {
+    let ledger = admitted_ledger(shared, key, cost, &result);
     match outcome::<S, Req, X, St, M>(shared, &req, key, result) {
-        Action::Forward(headers) => ResponseFuture::forward(inner, req, headers),
+        Action::Forward(headers) => match ledger {
+            Some(ledger) => settle::forward::<S, Req, X, St, M>(ledger, inner, req, headers),
+            None => ResponseFuture::forward(inner, req, headers),
+        },
         Action::Reject(output) => ResponseFuture::rejected(output),
     }
+}
+
+/// The ledger of a request the queue admitted, if the layer settles: its
+/// reservation is what the waiter was admitted with.
+fn admitted_ledger<X, St, M>(
+    shared: &Arc<Shared<X, St, M>>,
+    key: &KeyOf<X>,
+    cost: u32,
+    result: &Result<Admitted, WaitRejected>,
+) -> Option<Arc<Ledger<X, St, M>>>
+where
+    X: Keyed + Send + Sync + 'static,
+    St: Store<KeyOf<X>>,
+    M: Send + Sync + 'static,
+{
+    let admitted = result.as_ref().ok()?;
+    settle::ledger_for(
+        shared,
+        &shared.policies,
+        true,
+        key,
+        cost,
+        admitted.iter().map(Option::as_ref),
+    )
 }
 
 /// What the queue decided, as the reject path would act on it: headers of the

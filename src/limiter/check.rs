@@ -118,10 +118,68 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
             self.overflowed.fetch_add(1, Relaxed);
             return self.decide_at_cap(g, &key, cost, now);
         }
+        let (writing, i) = self.track(g, &key, now);
+        writing.ring(i).acquire(g, now, cost)
+    }
+
+    /// Count `units` for `key` whatever its window holds (see
+    /// [`Ring::charge`](crate::ring::Ring)): on its ring, made if it has none,
+    /// or at the cap on the overflow ring, as a check would count.
+    pub(super) fn charge(&self, g: &Geometry, key: &K, units: u32) -> Option<Decision> {
+        let now = self.now();
+        if let Some(ring) = self.single() {
+            return ring.charge(g, now, units);
+        }
+        let key = self.lookup(key);
+        if let Some(partition) = self.partition(&key) {
+            let table = partition.read();
+            if let Some(i) = table.find(key.hash, key.key) {
+                return table.ring(i).charge(g, now, units);
+            }
+        }
+        self.charge_untracked(g, key, now, units)
+    }
+
+    /// [`charge`](Self::charge) for a key without a ring (swept, or never
+    /// admitted here): as [`decide_rest`](Self::decide_rest) counts.
+    #[cold]
+    fn charge_untracked(
+        &self,
+        g: &Geometry,
+        key: Lookup<'_, K>,
+        now: u64,
+        units: u32,
+    ) -> Option<Decision> {
+        if units == 0 {
+            return None;
+        }
+        if !self.reserve_key(now) {
+            // Under the writer's lock, as `decide_at_cap` counts.
+            let writing = self.partition_to_add(&key).write();
+            if let Some(i) = writing.find(key.hash, key.key) {
+                return writing.ring(i).charge(g, now, units);
+            }
+            let at = now.max(self.swept_at.load(SeqCst));
+            let d = self.overflow.ring().charge(g, at, units)?;
+            self.raise_overflow_mark(&key, d.slot + g.span_slots());
+            return Some(super::overflow::overflow_decision(d, at, now));
+        }
+        let (writing, i) = self.track(g, &key, now);
+        writing.ring(i).charge(g, now, units)
+    }
+
+    /// A ring for `key`, which had none at `now` (a place reserved for it),
+    /// and the writer's lock of its partition.
+    fn track<'s>(
+        &'s self,
+        g: &Geometry,
+        key: &Lookup<'_, K>,
+        now: u64,
+    ) -> (crate::partition::Writing<'s, K, H>, usize) {
         // The map's copy of the key, made before the writer's lock: the key
         // type's `Clone` never holds up the partition's checks.
         let owned = key.key.clone();
-        let mut writing = self.partition_to_add(&key).write();
+        let mut writing = self.partition_to_add(key).write();
         let place = writing.find_or_insert(
             key.hash,
             key.key,
@@ -137,7 +195,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
                 // ring would let the key through twice: start from a copy of the
                 // overflow ring's counts, taken after the mark was read, so it
                 // holds them.
-                if g.slot(start) < self.overflow_mark(&key) {
+                if g.slot(start) < self.overflow_mark(key) {
                     let (s, counts) = self.overflow.ring().counts_by_age(g, start);
                     ring.init(g, s, &counts);
                 } else {
@@ -153,6 +211,6 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
                 i
             }
         };
-        writing.ring(i).acquire(g, now, cost)
+        (writing, i)
     }
 }

@@ -561,6 +561,42 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
         with_state!(&self.state, state => state.undo(key, decision))
     }
 
+    /// Count `units` for `key` now, whether or not they fit: the excess of a
+    /// request that turned out to cost more than it was admitted with (see
+    /// [`Store::charge`](crate::Store::charge)). The key's window may then
+    /// hold more than the limit, and its checks are denied until enough units
+    /// have left it; nothing else changes.
+    ///
+    /// Returns what was counted, as an allowed decision that
+    /// [`undo`](Self::undo) gives back exactly (its
+    /// [`cost`](Decision::cost) is the units counted, its
+    /// [`remaining`](Decision::remaining) what the window has left after
+    /// them). `None` when nothing was counted: `units` of zero, or a bucket
+    /// already holding as many units as it can (more than any limit: the key
+    /// is denied until that bucket leaves the window either way).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_sliding_window::{Limiter, ManualClock, Policy};
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::builder(Policy::per(10, Duration::from_secs(1)).unwrap())
+    ///     .clock(clock.clone())
+    ///     .build()
+    ///     .unwrap();
+    /// // Admitted with an estimate of 4; the response says it cost 25.
+    /// assert!(limiter.check_n(&"key", 4).is_allowed());
+    /// let excess = limiter.charge(&"key", 21).unwrap();
+    /// assert_eq!((excess.cost(), excess.remaining()), (21, 0));
+    /// assert!(!limiter.check(&"key").is_allowed());
+    /// // Denied until those units have left the window.
+    /// clock.advance(Duration::from_millis(1100));
+    /// assert!(limiter.check_n(&"key", 10).is_allowed());
+    /// ```
+    pub fn charge(&self, key: &K, units: u32) -> Option<Decision> {
+        with_state!(&self.state, state => state.charge(&self.geometry, key, units))
+    }
+
     /// The key's usage right now (nothing counted).
     pub fn usage(&self, key: &K) -> KeyUsage {
         let d = self.peek(key, 0);

@@ -882,3 +882,33 @@ mod sweeper {
         assert!(matches!(built, Err(ConfigError::ZeroSweepPeriod)));
     }
 }
+
+#[test]
+fn a_charge_counts_past_the_limit_for_tracked_untracked_and_overflow_keys() {
+    let (l, clock) = limiter(3, 1);
+    // Tracked: admitted with 1, charged 4 more.
+    assert!(l.check(&1).is_allowed());
+    let excess = l.charge(&1, 4).unwrap();
+    assert_eq!((excess.cost(), excess.remaining()), (4, 0));
+    assert!(!l.check(&1).is_allowed());
+    assert_eq!(l.usage(&1).used, 3, "usage reports at most the limit");
+    // At the cap (one key): key 2 is charged in the overflow ring, which
+    // then denies the keys it decides until the charge leaves.
+    let overflowed = l.charge(&2, 5).unwrap();
+    assert!(overflowed.is_overflow());
+    assert!(!l.check(&3).is_allowed());
+    // Undo gives each charge back where it was counted.
+    l.undo(&2, &overflowed);
+    assert!(l.check(&3).is_allowed());
+    l.undo(&1, &excess);
+    assert!(l.check_n(&1, 2).is_allowed());
+    assert!(!l.check(&1).is_allowed());
+    // A charge for a key without a ring makes one.
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(l.evict_idle(), 1);
+    let fresh = l.charge(&9, 3).unwrap();
+    assert!(!fresh.is_overflow());
+    assert!(!l.check(&9).is_allowed());
+    clock.advance(Duration::from_millis(1100));
+    assert!(l.check_n(&9, 3).is_allowed());
+}
