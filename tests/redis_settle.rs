@@ -1,6 +1,7 @@
 //! Settlement on the Redis store: give-backs through `Store::undo` (in Redis
 //! while the slot is inside the window, into a lease's grant while it is in
-//! force), and no charge (the store is on `Store::charge`'s default).
+//! force), and excesses charged past the limit (`RedisStore`'s
+//! `Store::charge`, in the background).
 //! `#[ignore]`d: run with `-- --include-ignored` where Redis answers.
 #![cfg(feature = "redis")]
 
@@ -111,8 +112,8 @@ async fn failed_logins_count_in_redis_and_successes_are_given_back() {
 
 #[tokio::test]
 #[ignore = "needs Redis at REDIS_URL: run with -- --include-ignored"]
-async fn a_partial_settlement_gives_back_the_difference_and_an_excess_is_not_charged() {
-    let test = "a_partial_settlement_gives_back_the_difference_and_an_excess_is_not_charged";
+async fn a_partial_settlement_gives_back_the_difference_and_an_excess_is_charged() {
+    let test = "a_partial_settlement_gives_back_the_difference_and_an_excess_is_charged";
     let mut conn = shared_redis(test).await;
     let prefix = unique_prefix(test);
     let redis = store(
@@ -141,13 +142,67 @@ async fn a_partial_settlement_gives_back_the_difference_and_an_excess_is_not_cha
         StatusCode::OK
     );
     until_units(&mut conn, &key, 4).await;
-    // 25 used of 10 reserved: the Redis store counts nothing past its limit
-    // (`Store::charge`'s default), so the reservation stays as it was.
+    // 25 used of 10 reserved: the 15 more are charged.
     assert_eq!(
         svc.clone().oneshot(attempt("25")).await.unwrap().status(),
         StatusCode::OK
     );
-    until_units(&mut conn, &key, 14).await;
+    until_units(&mut conn, &key, 29).await;
+}
+
+/// An excess charged past the limit, on an instance holding a grant of the
+/// key: the grant goes back with the charge, and every instance is denied
+/// until the window is back under the limit.
+#[tokio::test]
+#[ignore = "needs Redis at REDIS_URL: run with -- --include-ignored"]
+async fn an_excess_charged_past_the_limit_denies_the_key_everywhere() {
+    let test = "an_excess_charged_past_the_limit_denies_the_key_everywhere";
+    let mut conn = shared_redis(test).await;
+    let prefix = unique_prefix(test);
+    let p = Policy::per(50, Duration::from_secs(60)).unwrap();
+    let leased = store(&redis_url(), p.clone(), &prefix, true);
+    let other = store(&redis_url(), p, &prefix, false);
+    let key = leased.redis_key(&"ada".to_owned());
+    let layer = SlidingWindowLayer::builder(key_fn(user))
+        .store(leased.clone())
+        .settle(|_, headers| headers.get("x-used")?.to_str().ok()?.parse().ok())
+        .build()
+        .unwrap();
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|req: Request<String>| async move {
+                let used = req.body().clone();
+                let response = Response::builder().header("x-used", used);
+                Ok::<_, Infallible>(response.body(String::new()).unwrap())
+            }));
+    // A busy key: this instance holds a grant of it.
+    for _ in 0..10 {
+        assert_eq!(
+            svc.clone().oneshot(attempt("1")).await.unwrap().status(),
+            StatusCode::OK
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // One request used 60 units: 59 more are charged, past the limit of 50.
+    assert_eq!(
+        svc.clone().oneshot(attempt("60")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // 10 + 1 reserved + 59 charged; the grant this instance held is back.
+    until_units(&mut conn, &key, 70).await;
+    let stats = leased.stats();
+    assert_eq!(
+        stats.lease_units_granted,
+        stats.lease_units_admitted + stats.lease_units_handed_back,
+        "the grant went back with the charge: {stats:?}"
+    );
+    // Denied here and on the other instance.
+    let denied = svc.clone().oneshot(attempt("1")).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    use tower_sliding_window::Store;
+    let d = other.check_n(&"ada".to_owned(), 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
 }
 
 #[tokio::test]

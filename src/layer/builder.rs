@@ -1017,8 +1017,8 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
     /// What a window can hold when excesses are charged is in the
     /// [guide](crate::guide::settling): the limit, plus the excesses of
     /// requests that were in flight. A store that cannot count past its
-    /// limit (one on the [`Store::charge`] default, such as the Redis store
-    /// today) gives back but does not charge.
+    /// limit (one on the [`Store::charge`] default) gives back but does not
+    /// charge; the Redis store charges in the background.
     ///
     /// ```
     /// use std::convert::Infallible;

@@ -36,6 +36,8 @@
 --          counted them, in this geometry and not converted at or after the
 --          slot (else their units may have moved, or were never counted here:
 --          nothing is given back).
+-- ARGV[13] optional: "1" for a charge, whose cost is counted whether it fits
+--          or not (an excess known only after the response; any cost).
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_us, slot, granted,
 -- valid_us, incarnation, handed_back}: `granted` units counted at `slot` (the
@@ -193,6 +195,10 @@ if interpolated then
 else
   fits = used + cost <= limit
 end
+
+-- A charge counts its cost past the limit if need be: the key's checks are
+-- then denied until the window is back under it.
+if more and ARGV[13] == '1' then fits = true end
 
 local valid = (s + 1) * w - now
 if valid > w then valid = w end

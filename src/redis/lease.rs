@@ -605,6 +605,16 @@ impl LeaseTable {
         }
     }
 
+    /// The units `key`'s grant holds, taken away (to be handed back).
+    pub(crate) fn take_key(&self, key: &[u8]) -> Option<Counted> {
+        let hash = self.hash(key);
+        let mut e = self.entry(hash);
+        if !e.is(hash, key) {
+            return None;
+        }
+        e.take_left()
+    }
+
     /// No more grants: take every unit held, to be handed back. Once this
     /// returns, no check admits from a grant of this table.
     pub(crate) fn close(&self) -> Vec<(Box<[u8]>, Counted)> {

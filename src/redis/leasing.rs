@@ -137,7 +137,7 @@ impl Inner {
             let have = table.have(&user, hash);
             let sent = Instant::now();
             let lease = LeaseArgs { rate, have };
-            match inner.call(&user, 0, None, Some(lease), None).await {
+            match inner.call(&user, 0, None, Some(lease), None, false).await {
                 Ok(answer) => {
                     inner.redis_answered(None);
                     fetch.done();
@@ -185,7 +185,7 @@ impl Inner {
                         }
                         let sent = Instant::now();
                         let lease = LeaseArgs { rate, have: 0 };
-                        match inner.call(&user, 0, None, Some(lease), back).await {
+                        match inner.call(&user, 0, None, Some(lease), back, false).await {
                             Ok(answer) => {
                                 inner.redis_answered(None);
                                 fetch.done();
@@ -246,7 +246,7 @@ impl Inner {
             return;
         }
         let sent = Instant::now();
-        match self.call(user, 0, None, None, Some(back)).await {
+        match self.call(user, 0, None, None, Some(back), false).await {
             Ok(answer) => {
                 self.redis_answered(None);
                 self.handed_back(user, back, answer.handed_back);

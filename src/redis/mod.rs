@@ -192,6 +192,9 @@ pub struct RedisStoreStats {
 /// Bit 63 of a decision's slot: decided by the fallback limiter (its slots,
 /// from the local clock, stay far below it; Redis' below 2^52).
 const FALLBACK_SLOT: u64 = 1 << 63;
+/// Bit 62 of a decision's slot: a charge, counted in the background at a
+/// slot Redis chose; it is not taken back.
+const CHARGED_SLOT: u64 = 1 << 62;
 
 /// A sliding-window [`Store`] in Redis, shared by every instance that points at
 /// the same Redis and prefix. Cloning is cheap; clones share the connection,

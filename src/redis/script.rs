@@ -64,7 +64,7 @@ impl RedisStore {
         let lease = Some(LeaseArgs { rate, have });
         match self
             .inner
-            .call(&user, cost, Some(now_us), lease, back)
+            .call(&user, cost, Some(now_us), lease, back, false)
             .await
         {
             Ok(a) => Ok(ScriptAnswer {
@@ -115,14 +115,15 @@ impl Inner {
         cost: u32,
         now_us: Option<u64>,
     ) -> Result<Decision, Failure> {
-        self.call(user, cost, now_us, None, None)
+        self.call(user, cost, now_us, None, None, false)
             .await
             .map(|answer| answer.decision)
     }
 
     /// One run of the script: a check of `cost` units (asking for a lease's
     /// extra units too, with `lease`), with `back` units handed back first,
-    /// at `now_us` or Redis' time.
+    /// at `now_us` or Redis' time; with `charge`, `cost` is counted whether
+    /// it fits or not.
     pub(super) async fn call(
         &self,
         user: &[u8],
@@ -130,6 +131,7 @@ impl Inner {
         now_us: Option<u64>,
         lease: Option<LeaseArgs>,
         back: Option<Counted>,
+        charge: bool,
     ) -> Result<Answer, Failure> {
         let mut invocation = self.check.prepare_invoke();
         invocation
@@ -139,6 +141,13 @@ impl Inner {
             .arg(self.width_us)
             .arg(cost)
             .arg(u8::from(self.interpolated));
+        // The optional arguments are positional: each one given needs those
+        // before it.
+        let back = back.or(charge.then_some(Counted {
+            slot: 0,
+            incarnation: 0,
+            units: 0,
+        }));
         if now_us.is_some() || lease.is_some() || back.is_some() {
             match now_us {
                 Some(now_us) => invocation.arg(now_us),
@@ -157,6 +166,9 @@ impl Inner {
                 .arg(back.units)
                 .arg(back.slot)
                 .arg(back.incarnation);
+        }
+        if charge {
+            invocation.arg(1);
         }
         let reply: Vec<i64> = self.invoke(&invocation).await?;
         self.parse(&reply, cost).ok_or(Failure::Reply)

@@ -65,7 +65,7 @@ impl Inner {
             ),
             None => (None, None),
         };
-        match self.call(&user, cost, None, lease, back).await {
+        match self.call(&user, cost, None, lease, back, false).await {
             Ok(answer) => {
                 self.redis_answered(probe);
                 if let Some(back) = back {
@@ -224,7 +224,11 @@ impl Inner {
         key: &K,
         decision: &Decision,
     ) -> Option<(Vec<u8>, Counted)> {
-        if !decision.is_allowed() || decision.cost == 0 || decision.is_unchecked() {
+        if !decision.is_allowed()
+            || decision.cost == 0
+            || decision.is_unchecked()
+            || decision.slot & CHARGED_SLOT != 0
+        {
             return None;
         }
         let mut user = Vec::new();
@@ -256,11 +260,36 @@ impl Inner {
         Some((user, back))
     }
 
+    /// Count `units` for `user` whether they fit or not, handing back the
+    /// key's grant here in the same call.
+    pub(super) async fn run_charge(&self, user: Vec<u8>, units: u32, back: Option<Counted>) {
+        let sent = Instant::now();
+        match self.call(&user, units, None, None, back, true).await {
+            Ok(answer) => {
+                self.redis_answered(None);
+                if let Some(back) = back {
+                    self.handed_back(&user, back, answer.handed_back);
+                }
+                // A grant asked for before the charge may have come back
+                // meanwhile: it goes back too.
+                if let Some(late) = self.leases.as_ref().and_then(|t| t.take_key(&user)) {
+                    self.hand_back(&user, late).await;
+                }
+            }
+            Err(failure) => {
+                if let Some(back) = back {
+                    self.events.unreturned(back.units);
+                }
+                self.note_failure(failure, None, sent);
+            }
+        }
+    }
+
     /// Give units back (at `now_us` or Redis' time).
     pub(super) async fn run_undo(&self, user: Vec<u8>, back: Counted, now_us: Option<u64>) {
         self.events.undo();
         let sent = Instant::now();
-        match self.call(&user, 0, now_us, None, Some(back)).await {
+        match self.call(&user, 0, now_us, None, Some(back), false).await {
             Ok(_) => self.redis_answered(None),
             Err(failure) => {
                 self.note_failure(failure, None, sent);
@@ -347,6 +376,38 @@ impl<K: RedisKey + Send + Sync + 'static> Store<K> for RedisStore {
         };
         let inner = self.inner.clone();
         runtime.spawn(async move { inner.run_undo(user, back, None).await });
+    }
+
+    /// Counts `units` in Redis whether they fit or not, in a background task
+    /// (fire and forget, like [`undo`](Store::undo)), at the bucket Redis'
+    /// clock is in when the script runs; this instance's grant of the key
+    /// goes back in the same call, so that its next checks ask Redis, which
+    /// denies them until the window is back under the limit. The answer
+    /// stands for the units counted, but an [`undo`](Store::undo) of it gives
+    /// nothing back (Redis chose the bucket): a later, lower settlement keeps
+    /// the charge, the safe side. `None` (nothing counted) while the circuit
+    /// breaker is not closed, or outside a tokio runtime.
+    fn charge(&self, key: &K, units: u32) -> Option<Decision> {
+        let inner = &self.inner;
+        if units == 0 || !inner.redis_in_use() {
+            return None;
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let mut user = Vec::new();
+        key.write_redis_key(&mut user);
+        let back = inner.leases.as_ref().and_then(|t| t.take_key(&user));
+        let task = inner.clone();
+        runtime.spawn(async move { task.run_charge(user, units, back).await });
+        let mut d = Decision::from_parts(
+            Outcome::Allowed,
+            inner.limit,
+            0,
+            Duration::ZERO,
+            Duration::ZERO,
+        );
+        d.cost = units;
+        d.slot = CHARGED_SLOT;
+        Some(d)
     }
 
     fn policy(&self) -> &Policy {
