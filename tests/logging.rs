@@ -141,3 +141,84 @@ async fn an_outage_logs_about_one_warning_a_second() {
     assert_eq!(held + warnings.len() as u64, 3_801);
     assert_eq!(layer.stats().store_errors, 4_000);
 }
+
+/// A limiter behind a store that does not forward `charge` (the trait's
+/// default: nothing counted past the limit).
+struct NoCharge(tower_sliding_window::Limiter<String>);
+
+impl tower_sliding_window::Store<String> for NoCharge {
+    type Future = std::future::Ready<
+        Result<tower_sliding_window::Decision, tower_sliding_window::StoreError>,
+    >;
+
+    fn check_n(&self, key: &String, cost: u32) -> Self::Future {
+        std::future::ready(Ok(self.0.check_n(key, cost)))
+    }
+
+    fn undo(&self, key: &String, decision: &tower_sliding_window::Decision) {
+        self.0.undo(key, decision)
+    }
+
+    fn policy(&self) -> &tower_sliding_window::Policy {
+        self.0.policy()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn settlements_are_logged_and_an_excess_no_store_counts_warns() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let used = |_: http::StatusCode, headers: &http::HeaderMap| -> Option<u32> {
+        headers.get("x-used")?.to_str().ok()?.parse().ok()
+    };
+    let answer_used = |used: &'static str| {
+        tower::service_fn(move |_req: http::Request<Body>| async move {
+            let response = http::Response::builder().header("x-used", used);
+            Ok::<_, std::convert::Infallible>(response.body(String::new()).unwrap())
+        })
+    };
+    let layer = SlidingWindowLayer::builder(key_fn(user))
+        .cost(|_: &http::Request<Body>| 5)
+        .policy(policy("tokens", 100, Duration::from_secs(60)))
+        .settle(used)
+        .log_keys()
+        .build()
+        .unwrap();
+    status(
+        &mut layer.layer(answer_used("2")),
+        request("secret-user-42"),
+    )
+    .await;
+    let plain = tower_sliding_window::Limiter::new(policy("plain", 100, Duration::from_secs(60)));
+    let no_charge = SlidingWindowLayer::builder(key_fn(user))
+        .cost(|_: &http::Request<Body>| 5)
+        .store(NoCharge(plain.unwrap()))
+        .settle(used)
+        .build()
+        .unwrap();
+    status(
+        &mut no_charge.layer(answer_used("9")),
+        request("other-user"),
+    )
+    .await;
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("rate limit: settled"), "{logs}");
+    assert!(logs.contains("policy=tokens"), "{logs}");
+    assert!(logs.contains("given_back=3"), "{logs}");
+    assert!(logs.contains("key=\"secret-user-42\""), "{logs}");
+    assert!(logs.contains("an excess could not be charged"), "{logs}");
+    assert!(
+        logs.contains("policy=plain") && logs.contains("units=4"),
+        "{logs}"
+    );
+    assert!(
+        !logs.contains("other-user"),
+        "keys only where the layer logs them: {logs}"
+    );
+}

@@ -214,6 +214,9 @@ where
     /// Move every policy's count for the request to `units`.
     fn settle_to(&self, book: &mut Book, units: u32, source: Source) {
         let key = &self.key;
+        // The key in the events only when the layer logs keys.
+        let logged = self.shared.loggable_key(key);
+        let logged = logged.as_ref().map(tracing::field::display);
         for (entry, limit) in book.entries.iter_mut().zip(self.policies.limits.iter()) {
             let Entry {
                 reservation: Some(reservation),
@@ -249,9 +252,9 @@ where
                     limit.store.undo(key, &part);
                     reservation.cost -= take;
                 }
-                let given = (counted - target) as u32;
+                let given = (counted - target).min(u64::from(u32::MAX)) as u32;
                 limit.settled.given_back(given);
-                tracing::debug!(policy = %limit.name, reserved = self.reserved, settled = units, given_back = given, by = source.as_str(), "rate limit: settled");
+                tracing::debug!(policy = %limit.name, key = logged, reserved = self.reserved, settled = units, given_back = given, by = source.as_str(), "rate limit: settled");
             } else if target > counted {
                 let want = (target - counted).min(u64::from(u32::MAX)) as u32;
                 let charged = limit.store.charge(key, want);
@@ -263,10 +266,10 @@ where
                 if got < want {
                     limit.settled.uncharged(want - got);
                     if let Some(held) = self.shared.logs.uncharged.admit() {
-                        tracing::warn!(policy = %limit.name, units = want - got, held_back = held, "rate limit: an excess could not be charged (the store counts no units past its limit)");
+                        tracing::warn!(policy = %limit.name, key = logged, units = want - got, held_back = held, "rate limit: an excess could not be charged (the store counts no units past its limit)");
                     }
                 }
-                tracing::debug!(policy = %limit.name, reserved = self.reserved, settled = units, charged = got, by = source.as_str(), "rate limit: settled");
+                tracing::debug!(policy = %limit.name, key = logged, reserved = self.reserved, settled = units, charged = got, by = source.as_str(), "rate limit: settled");
             }
         }
     }

@@ -6,6 +6,13 @@
 //! total at most `limit`. Since `N` buckets cover at least a window, no interval of
 //! length `window` ever holds more than `limit` admitted units (strict mode).
 //!
+//! Units charged past the limit ([`Ring::charge`], a settlement's excess) are
+//! recorded as a check records them, without the comparison. Then the rule is
+//! the one every check keeps: a check admits only if its span, counting every
+//! unit recorded before it (charged or admitted), fits `limit`. A span may
+//! hold more than `limit` only by units charged into it after its last
+//! admission.
+//!
 //! A [`Ring`] is a view of one key's words (a [`Head`] and `N + 1` buckets),
 //! wherever they live: in a table of the limiter's map, or in an
 //! [`OwnedRing`]. The words come in two layouts ([`layout`]), one protocol.

@@ -56,6 +56,8 @@ struct Record {
     allowed: bool,
     /// Denied, yet a peek right after, at the same slot, showed room for the cost.
     room_after: bool,
+    /// Not a check: units charged past the limit (`Limiter::charge`).
+    charged: bool,
 }
 
 /// The next clock step: mostly within a bucket, sometimes across one or several,
@@ -83,7 +85,7 @@ fn policy(width: u64) -> Policy {
 /// Run the threads; `cost` picks each check's cost from a per-thread generator.
 fn hammer(seed: u64, cost: fn(&mut Rng) -> u64) -> (Vec<Record>, Limiter<u8, ManualClock>) {
     // One partition: every sweep step visits both keys.
-    hammer_keys(seed, cost, KEYS, 4)
+    hammer_keys(seed, cost, KEYS, 4, false)
 }
 
 /// [`hammer`] on `keys` keys, drawn evenly, with room for `max_keys`.
@@ -92,6 +94,7 @@ fn hammer_keys(
     cost: fn(&mut Rng) -> u64,
     keys: u64,
     max_keys: usize,
+    charges: bool,
 ) -> (Vec<Record>, Limiter<u8, ManualClock>) {
     let clock = ManualClock::new();
     let limiter = Arc::new(
@@ -128,6 +131,21 @@ fn hammer_keys(
                     } else {
                         rng.below(keys) as u8
                     };
+                    // One operation in eight a charge, when asked for.
+                    if charges && rng.below(8) == 0 {
+                        if let Some(d) = limiter.charge(&key, c as u32) {
+                            records.push(Record {
+                                key,
+                                slot: d.recorded_slot(),
+                                cost: u64::from(d.cost()),
+                                allowed: false,
+                                room_after: false,
+                                charged: true,
+                            });
+                        }
+                        done.fetch_add(1, SeqCst);
+                        continue;
+                    }
                     let d = limiter.check_n(&key, c as u32);
                     let room_after = !d.is_allowed() && {
                         let p = limiter.peek(&key, c as u32);
@@ -139,6 +157,7 @@ fn hammer_keys(
                         cost: c,
                         allowed: d.is_allowed(),
                         room_after,
+                        charged: false,
                     });
                     done.fetch_add(1, SeqCst);
                 }
@@ -249,6 +268,22 @@ fn racing_checks_on_two_keys_never_admit_more_than_limit_in_any_span() {
 }
 
 #[test]
+fn racing_checks_and_charges_never_admit_past_the_limit_and_lose_no_charge() {
+    let (records, limiter) = hammer_keys(0xc4a7, |rng| 1 + rng.below(3), KEYS, 4, true);
+    // Charges only ever deny more: admissions stay within the limit.
+    assert_no_span_over_limit(&records, KEYS);
+    assert!(records.iter().any(|r| r.charged) && records.iter().any(|r| r.allowed));
+    // Every unit admitted or charged, and none other, is in the rings: the
+    // final window holds exactly what the records put there.
+    for key in 0..KEYS as u8 {
+        let held = per_slot(&records, |r| (r.allowed || r.charged) && r.key == key);
+        let now = limiter.peek(&key, 0);
+        let expected = LIMIT.saturating_sub(span(&held, now.recorded_slot()));
+        assert_eq!(u64::from(now.remaining()), expected, "key {key}");
+    }
+}
+
+#[test]
 fn racing_checks_of_mixed_cost_never_admit_more_than_limit_in_any_span() {
     let (records, _) = hammer(0xc057, |rng| 1 + rng.below(3));
     assert_no_span_over_limit(&records, KEYS);
@@ -259,7 +294,7 @@ fn racing_checks_of_mixed_cost_never_admit_more_than_limit_in_any_span() {
 fn racing_checks_at_the_key_cap_never_admit_more_than_limit_in_any_span() {
     // Six keys with room for two: most checks meet the cap, are decided by
     // the overflow ring, and move into rings of their own as others idle.
-    let (records, limiter) = hammer_keys(0xca9, |rng| 1 + rng.below(3), 6, 2);
+    let (records, limiter) = hammer_keys(0xca9, |rng| 1 + rng.below(3), 6, 2, false);
     assert_no_span_over_limit(&records, 6);
     let stats = limiter.stats();
     assert!(stats.overflowed > 0 && stats.keys_evicted > 0, "{stats:?}");
@@ -429,6 +464,7 @@ fn moved_under_racing_checks(width: u64) {
                                 cost: 1,
                                 allowed: d.is_allowed(),
                                 room_after: false,
+                                charged: false,
                             }
                         })
                         .collect::<Vec<_>>()
