@@ -89,8 +89,10 @@ pub enum ConfigError {
         code: u8,
     },
     /// HTTP rejection settings (`status`, `grpc_status`, the header options,
-    /// `reject_with`) were set and then `reject_with_errors` made rejections
-    /// error values, which would silently ignore them.
+    /// `reject_with`) or settlements, which read HTTP responses (`count_if`,
+    /// `settle`, `settle_later`, `settle_on_error`, `settle_on_cancel`), were
+    /// set and then `reject_with_errors` made the layer one of any request
+    /// type, which would silently ignore them.
     HttpSettingsIgnored,
     /// `max_queue` of a bounded wait was 0 (to never wait, reject instead).
     ZeroMaxQueue,
@@ -240,8 +242,8 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::HttpSettingsIgnored => f.write_str(
                 "status(), grpc_status(), the header options and reject_with() shape HTTP \
-                 rejections; after reject_with_errors() rejections are error values and \
-                 they would be ignored",
+                 rejections, and count_if(), settle() and the other settlements read HTTP \
+                 responses; after reject_with_errors() they would be ignored",
             ),
             ConfigError::ZeroMaxQueue => {
                 f.write_str("max_queue must be at least 1 (to never wait, reject instead)")

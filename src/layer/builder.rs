@@ -968,7 +968,9 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
     ///
     /// With [`settle`](Self::settle) too, `count_if` is asked first: a
     /// response that does not count settles to 0, one that counts to what
-    /// `settle` says. See the [guide](crate::guide::settling) for what a window
+    /// `settle` says. Settlements read HTTP responses: a layer that then
+    /// [`reject_with_errors`](Self::reject_with_errors) is a
+    /// [`ConfigError::HttpSettingsIgnored`] from `build`. See the [guide](crate::guide::settling) for what a window
     /// holds, cancellation, errors and the handle.
     ///
     /// ```
