@@ -94,6 +94,36 @@ impl Default for InMemory {
     }
 }
 
+/// Where counts live, as far as the settings of in-memory limiters go: not
+/// chosen yet ([`Unset`]) or [`InMemory`] limiters. Sealed: a builder given
+/// [`Stores`] takes none of those settings (each store keeps its own).
+pub trait InMemoryOrUnset: sealed::Sealed {
+    /// The in-memory limiters' clock.
+    type Clock;
+    #[doc(hidden)]
+    fn into_in_memory(self) -> InMemory<Self::Clock>;
+}
+
+impl InMemoryOrUnset for Unset {
+    type Clock = AutoClock;
+    fn into_in_memory(self) -> InMemory {
+        InMemory::default()
+    }
+}
+
+impl<C> InMemoryOrUnset for InMemory<C> {
+    type Clock = C;
+    fn into_in_memory(self) -> InMemory<C> {
+        self
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Unset {}
+    impl<C> Sealed for super::InMemory<C> {}
+}
+
 /// A builder of stores given one by one, all of type `St`.
 #[derive(Debug)]
 pub struct Stores<St> {
@@ -146,7 +176,7 @@ enum Counts<St> {
 /// Builder for [`SlidingWindowLayer`]; [`build`](Self::build) validates
 /// everything.
 ///
-/// `X` is the key extractor (with its cost and exemption), `S` where the
+/// `X` is the key extractor (with its cost and exemption), `Place` where the
 /// counts will live ([`Unset`], [`InMemory`] limiters or given [`Stores`]),
 /// `M` how rejections are delivered.
 ///
@@ -167,14 +197,16 @@ enum Counts<St> {
 /// # Ok::<(), tower_sliding_window::ConfigError>(())
 /// ```
 #[must_use = "a builder does nothing until `build` makes the layer"]
-pub struct SlidingWindowLayerBuilder<X: Keyed, S = Unset, M = HttpRejection> {
+pub struct SlidingWindowLayerBuilder<X: Keyed, Place = Unset, M = HttpRejection> {
     extractor: X,
-    stores: S,
+    stores: Place,
     mode: M,
     settings: Settings<KeyOf<X>>,
 }
 
-impl<X: Keyed, S: fmt::Debug, M: fmt::Debug> fmt::Debug for SlidingWindowLayerBuilder<X, S, M> {
+impl<X: Keyed, Place: fmt::Debug, M: fmt::Debug> fmt::Debug
+    for SlidingWindowLayerBuilder<X, Place, M>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SlidingWindowLayerBuilder")
             .field("stores", &self.stores)
@@ -241,10 +273,10 @@ impl<X: Keyed> SlidingWindowLayer<X> {
     }
 }
 
-impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
+impl<X: Keyed, Place, M> SlidingWindowLayerBuilder<X, Place, M> {
     /// Where counts live, and the builder of the other settings, which
     /// `finish` takes.
-    fn take_stores(self) -> (S, SlidingWindowLayerBuilder<X, Unset, M>) {
+    fn take_stores(self) -> (Place, SlidingWindowLayerBuilder<X, Unset, M>) {
         let SlidingWindowLayerBuilder {
             extractor,
             stores,
@@ -261,7 +293,7 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
     }
 
     /// The same settings, with counts living in `stores`.
-    fn with_stores<S2>(self, stores: S2) -> SlidingWindowLayerBuilder<X, S2, M> {
+    fn with_stores<Place2>(self, stores: Place2) -> SlidingWindowLayerBuilder<X, Place2, M> {
         SlidingWindowLayerBuilder {
             extractor: self.extractor,
             stores,
@@ -320,7 +352,7 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
     /// `Fn(&Req) -> u32`, boxed or shared in an `Arc`, or a [`RequestCost`].
     /// It wraps the extractor ([`WithCost`]), so the layer's type still has
     /// one extractor parameter.
-    pub fn cost<Req, C>(self, cost: C) -> SlidingWindowLayerBuilder<WithCost<X, C>, S, M>
+    pub fn cost<Req, C>(self, cost: C) -> SlidingWindowLayerBuilder<WithCost<X, C>, Place, M>
     where
         X: KeyExtractor<Req>,
         C: RequestCost<Req>,
@@ -339,7 +371,10 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
     /// it wraps the extractor ([`WithExemption`]). Under
     /// [backpressure](Self::backpressure) they still wait in `poll_ready`,
     /// which cannot see the request.
-    pub fn exempt<Req, E>(self, exempt: E) -> SlidingWindowLayerBuilder<WithExemption<X, E>, S, M>
+    pub fn exempt<Req, E>(
+        self,
+        exempt: E,
+    ) -> SlidingWindowLayerBuilder<WithExemption<X, E>, Place, M>
     where
         X: KeyExtractor<Req>,
         E: Exemption<Req>,
@@ -360,7 +395,7 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
     /// [`grpc_status`](Self::grpc_status), the header options,
     /// [`reject_with`](Self::reject_with)) have no meaning then: set before it,
     /// they are a [`ConfigError::HttpSettingsIgnored`] from `build`.
-    pub fn reject_with_errors(mut self) -> SlidingWindowLayerBuilder<X, S, ErrorRejection> {
+    pub fn reject_with_errors(mut self) -> SlidingWindowLayerBuilder<X, Place, ErrorRejection> {
         if self.settings.http_rejection {
             self.settings
                 .error
@@ -467,106 +502,6 @@ impl<X: Keyed, S, M> SlidingWindowLayerBuilder<X, S, M> {
 
 /// Where counts live is not chosen yet.
 impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
-    /// Add a policy, enforced by an in-memory [`Limiter`]: the builder becomes one of
-    /// [`InMemory`] limiters, where `policy` is documented.
-    pub fn policy(self, policy: Policy) -> SlidingWindowLayerBuilder<X, InMemory, M>
-    where
-        X::Tiering: KeysAlone,
-    {
-        self.with_stores(InMemory::default()).policy(policy)
-    }
-
-    /// Add several policies at once (a list read from configuration, say);
-    /// the builder becomes one of [`InMemory`] limiters, where `policies` is
-    /// documented.
-    pub fn policies(
-        self,
-        policies: impl IntoIterator<Item = Policy>,
-    ) -> SlidingWindowLayerBuilder<X, InMemory, M>
-    where
-        X::Tiering: KeysAlone,
-    {
-        self.with_stores(InMemory::default()).policies(policies)
-    }
-
-    /// The most keys each in-memory limiter tracks: the builder becomes one of
-    /// [`InMemory`] limiters, where `max_keys` is documented.
-    pub fn max_keys(self, max_keys: usize) -> SlidingWindowLayerBuilder<X, InMemory, M> {
-        self.with_stores(InMemory::default()).max_keys(max_keys)
-    }
-
-    /// Sweep idle keys from a tokio task, every bucket width: the builder
-    /// becomes one of [`InMemory`] limiters, where `sweep_idle` is documented.
-    pub fn sweep_idle(self) -> SlidingWindowLayerBuilder<X, InMemory, M> {
-        self.with_stores(InMemory::default()).sweep_idle()
-    }
-
-    /// Sweep idle keys from a tokio task, every `every`: the builder becomes
-    /// one of [`InMemory`] limiters, where `sweep_idle_every` is documented.
-    pub fn sweep_idle_every(self, every: Duration) -> SlidingWindowLayerBuilder<X, InMemory, M> {
-        self.with_stores(InMemory::default())
-            .sweep_idle_every(every)
-    }
-
-    /// The clock of the in-memory limiters: the builder becomes one of
-    /// [`InMemory`] limiters, where `clock` is documented.
-    pub fn clock<C: Clock + Clone>(self, clock: C) -> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
-        self.with_stores(InMemory::default()).clock(clock)
-    }
-
-    /// What happens to a request over the limit: the builder becomes one of
-    /// [`InMemory`] limiters, where `on_limit` is documented.
-    pub fn on_limit(self, on_limit: OnLimit) -> SlidingWindowLayerBuilder<X, InMemory, M>
-    where
-        X::Tiering: KeysAlone,
-    {
-        self.with_stores(InMemory::default()).on_limit(on_limit)
-    }
-
-    /// Hold back `poll_ready` for a global limit: the builder becomes one of
-    /// [`InMemory`] limiters, where `backpressure` is documented.
-    pub fn backpressure(self) -> SlidingWindowLayerBuilder<X, InMemory, M>
-    where
-        X: GlobalExtractor,
-    {
-        self.with_stores(InMemory::default()).backpressure()
-    }
-
-    /// Decide each request by the policies of its tier, from a table of
-    /// [`Tiers`], in in-memory [`Limiter`]s (one per policy of each limited
-    /// tier, so a key's counts in one tier never touch another's): the builder
-    /// becomes one of [`InMemory`] limiters, whose settings (`max_keys`, a
-    /// clock, sweeping) apply to every tier's limiters. The extractor names
-    /// each request's tier along with its key ([`tiered_key_fn`](crate::tiered_key_fn)).
-    /// Change the table at run time with
-    /// [`SlidingWindowLayer::set_tiers`]. A layer of tiers rejects at once
-    /// (it does not wait) and has no fallback key.
-    ///
-    /// ```
-    /// use http::Request;
-    /// use tower_sliding_window::{tiered_key_fn, SlidingWindowLayer, Tiers};
-    ///
-    /// let tiers = Tiers::builder()
-    ///     .limited("anonymous", ["20/min".parse()?])
-    ///     .limited("paid", ["5000/min".parse()?])
-    ///     .unlimited("internal")
-    ///     .build()?;
-    /// let layer = SlidingWindowLayer::builder(tiered_key_fn(|req: &Request<()>| {
-    ///     let key = req.headers().get("x-api-key")?.to_str().ok()?;
-    ///     Some((if key.starts_with("int_") { "internal" } else { "paid" }, key.to_owned()))
-    /// }))
-    /// .tiers(tiers)
-    /// .build()?;
-    /// assert_eq!(layer.tier_stores("paid").unwrap().iter().len(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn tiers(self, tiers: Tiers) -> SlidingWindowLayerBuilder<X, InMemory, M>
-    where
-        X::Tiering: NamesTiers,
-    {
-        self.with_stores(InMemory::default()).tiers(tiers)
-    }
-
     /// Decide each request by the policies of its tier, each in a store that
     /// `factory` makes from the tier's name and the policy (at `build`, and
     /// for a tier or policy that a change of the table adds): Redis stores
@@ -606,27 +541,67 @@ impl<X: Keyed, M> SlidingWindowLayerBuilder<X, Unset, M> {
     }
 }
 
-/// In-memory limiters, one per policy.
-impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
-    /// Decide each request by the policies of its tier, in in-memory
-    /// limiters made with this builder's settings: see the [tiers
-    /// chapter](crate::guide::tiers).
-    pub fn tiers(mut self, tiers: Tiers) -> Self
+/// The settings of in-memory limiters, one per policy: on a builder whose
+/// counts have no place yet ([`Unset`]) they make it one of [`InMemory`]
+/// limiters; a builder given [`Stores`] takes none of them.
+impl<X: Keyed, Place: InMemoryOrUnset, M> SlidingWindowLayerBuilder<X, Place, M> {
+    /// This builder, as one of in-memory limiters.
+    fn in_memory(self) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M> {
+        let b = SlidingWindowLayerBuilder {
+            extractor: self.extractor,
+            stores: (),
+            mode: self.mode,
+            settings: self.settings,
+        };
+        b.with_stores(self.stores.into_in_memory())
+    }
+
+    /// Decide each request by the policies of its tier, from a table of
+    /// [`Tiers`], in in-memory [`Limiter`]s (one per policy of each limited
+    /// tier, so a key's counts in one tier never touch another's): the builder
+    /// becomes one of [`InMemory`] limiters, whose settings (`max_keys`, a
+    /// clock, sweeping) apply to every tier's limiters. The extractor names
+    /// each request's tier along with its key ([`tiered_key_fn`](crate::tiered_key_fn)).
+    /// Change the table at run time with
+    /// [`SlidingWindowLayer::set_tiers`]. A layer of tiers rejects at once
+    /// (it does not wait) and has no fallback key.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use tower_sliding_window::{tiered_key_fn, SlidingWindowLayer, Tiers};
+    ///
+    /// let tiers = Tiers::builder()
+    ///     .limited("anonymous", ["20/min".parse()?])
+    ///     .limited("paid", ["5000/min".parse()?])
+    ///     .unlimited("internal")
+    ///     .build()?;
+    /// let layer = SlidingWindowLayer::builder(tiered_key_fn(|req: &Request<()>| {
+    ///     let key = req.headers().get("x-api-key")?.to_str().ok()?;
+    ///     Some((if key.starts_with("int_") { "internal" } else { "paid" }, key.to_owned()))
+    /// }))
+    /// .tiers(tiers)
+    /// .build()?;
+    /// assert_eq!(layer.tier_stores("paid").unwrap().iter().len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tiers(self, tiers: Tiers) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M>
     where
         X::Tiering: NamesTiers,
     {
-        self.stores.tiers = Some(tiers);
-        self
+        let mut b = self.in_memory();
+        b.stores.tiers = Some(tiers);
+        b
     }
 
     /// Add a policy, enforced by an in-memory [`Limiter`] created in
     /// [`build`](Self::build). Several policies are decided all-or-nothing.
-    pub fn policy(mut self, policy: Policy) -> Self
+    pub fn policy(self, policy: Policy) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M>
     where
         X::Tiering: KeysAlone,
     {
-        self.stores.policies.push(policy);
-        self
+        let mut b = self.in_memory();
+        b.stores.policies.push(policy);
+        b
     }
 
     /// Add several policies at once, as [`policy`](Self::policy) does one by
@@ -651,19 +626,27 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// assert_eq!(layer.stores().len(), 3);
     /// # Ok::<(), tower_sliding_window::ConfigError>(())
     /// ```
-    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self
+    pub fn policies(
+        self,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M>
     where
         X::Tiering: KeysAlone,
     {
-        self.stores.policies.extend(policies);
-        self
+        let mut b = self.in_memory();
+        b.stores.policies.extend(policies);
+        b
     }
 
     /// The most keys each in-memory limiter tracks (default
     /// [`Limiter::DEFAULT_MAX_KEYS`]; see [`Limiter`] for what happens at the cap).
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.stores.max_keys = max_keys;
-        self
+    pub fn max_keys(
+        self,
+        max_keys: usize,
+    ) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M> {
+        let mut b = self.in_memory();
+        b.stores.max_keys = max_keys;
+        b
     }
 
     /// Also sweep idle keys from a tokio task (off by default): each
@@ -693,9 +676,10 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn sweep_idle(mut self) -> Self {
-        self.stores.sweep = Some(Sweep::EveryBucket);
-        self
+    pub fn sweep_idle(self) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M> {
+        let mut b = self.in_memory();
+        b.stores.sweep = Some(Sweep::EveryBucket);
+        b
     }
 
     /// Also sweep idle keys from a tokio task, every `every` for every
@@ -703,9 +687,13 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// [`sweep_idle`](Self::sweep_idle) does: a longer period costs less
     /// with millions of keys, and keys then stay up to that much longer. A
     /// zero `every` is [`ConfigError::ZeroSweepPeriod`].
-    pub fn sweep_idle_every(mut self, every: Duration) -> Self {
-        self.stores.sweep = Some(Sweep::Every(every));
-        self
+    pub fn sweep_idle_every(
+        self,
+        every: Duration,
+    ) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M> {
+        let mut b = self.in_memory();
+        b.stores.sweep = Some(Sweep::Every(every));
+        b
     }
 
     /// The clock of the in-memory limiters. The default is an [`AutoClock`] per
@@ -718,6 +706,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
         self,
         clock: C2,
     ) -> SlidingWindowLayerBuilder<X, InMemory<C2>, M> {
+        let b = self.in_memory();
         let InMemory {
             policies,
             tiers,
@@ -725,7 +714,7 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
             hold,
             sweep,
             ..
-        } = self.stores;
+        } = b.stores;
         let stores = InMemory {
             policies,
             tiers,
@@ -735,23 +724,27 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
             sweep,
         };
         SlidingWindowLayerBuilder {
-            extractor: self.extractor,
+            extractor: b.extractor,
             stores,
-            mode: self.mode,
-            settings: self.settings,
+            mode: b.mode,
+            settings: b.settings,
         }
     }
 
     /// What happens to a request over the limit (default [`OnLimit::Reject`]).
-    pub fn on_limit(mut self, on_limit: OnLimit) -> Self
+    pub fn on_limit(
+        self,
+        on_limit: OnLimit,
+    ) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M>
     where
         X::Tiering: KeysAlone,
     {
-        self.stores.hold = match on_limit {
+        let mut b = self.in_memory();
+        b.stores.hold = match on_limit {
             OnLimit::Reject => Hold::Reject,
             OnLimit::Wait(config) => Hold::Wait(config),
         };
-        self
+        b
     }
 
     /// For a global limit ([`GlobalKey`](crate::GlobalKey)): `poll_ready`
@@ -788,15 +781,19 @@ impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// # let _ = layer;
     /// # Ok::<(), tower_sliding_window::ConfigError>(())
     /// ```
-    pub fn backpressure(mut self) -> Self
+    pub fn backpressure(self) -> SlidingWindowLayerBuilder<X, InMemory<Place::Clock>, M>
     where
         X: GlobalExtractor,
     {
-        self.stores.hold = Hold::Backpressure;
-        self.settings.reserve_key = Some(());
-        self
+        let mut b = self.in_memory();
+        b.stores.hold = Hold::Backpressure;
+        b.settings.reserve_key = Some(());
+        b
     }
+}
 
+/// In-memory limiters, one per policy.
+impl<X: Keyed, C, M> SlidingWindowLayerBuilder<X, InMemory<C>, M> {
     /// Validate the configuration and create the limiters.
     ///
     /// Errors: no policy, more than [`MAX_POLICIES`](crate::layer::MAX_POLICIES), a policy name that is
@@ -920,10 +917,13 @@ impl<X: Keyed, St: Store<KeyOf<X>>, M: ModeConfig> SlidingWindowLayerBuilder<X, 
 }
 
 /// HTTP responses.
-impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
+impl<X: Keyed, Place, R> SlidingWindowLayerBuilder<X, Place, HttpRejection<R>> {
     /// The same settings and header options, answering rejections with
     /// `response` (an HTTP rejection setting, as the header options are).
-    fn with_response<R2>(self, response: R2) -> SlidingWindowLayerBuilder<X, S, HttpRejection<R2>> {
+    fn with_response<R2>(
+        self,
+        response: R2,
+    ) -> SlidingWindowLayerBuilder<X, Place, HttpRejection<R2>> {
         let SlidingWindowLayerBuilder {
             extractor,
             stores,
@@ -1217,7 +1217,7 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
     pub fn reject_with<F>(
         self,
         hook: F,
-    ) -> SlidingWindowLayerBuilder<X, S, HttpRejection<CustomResponse<F>>>
+    ) -> SlidingWindowLayerBuilder<X, Place, HttpRejection<CustomResponse<F>>>
     where
         F: Send + Sync + 'static,
     {
@@ -1266,7 +1266,9 @@ impl<X: Keyed, S, R> SlidingWindowLayerBuilder<X, S, HttpRejection<R>> {
     /// assert!(body.contains(r#""violated-policies":["hourly"]"#));
     /// # Ok(()) }
     /// ```
-    pub fn problem_details(self) -> SlidingWindowLayerBuilder<X, S, HttpRejection<ProblemDetails>> {
+    pub fn problem_details(
+        self,
+    ) -> SlidingWindowLayerBuilder<X, Place, HttpRejection<ProblemDetails>> {
         self.with_response(ProblemDetails)
     }
 }

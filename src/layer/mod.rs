@@ -37,7 +37,9 @@ mod service;
 
 pub mod builder;
 
-pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, TieredStores, Unset};
+pub use self::builder::{
+    InMemory, InMemoryOrUnset, SlidingWindowLayerBuilder, Stores, TieredStores, Unset,
+};
 pub use self::future::ResponseFuture;
 pub use self::rejection::{
     CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ModeConfig,
