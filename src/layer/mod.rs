@@ -37,8 +37,8 @@ pub mod builder;
 pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, TieredStores, Unset};
 pub use self::future::ResponseFuture;
 pub use self::rejection::{
-    CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ModeConfig,
-    ProblemDetails, RateLimited, RejectResponse, RejectionMode,
+    CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ProblemDetails,
+    RateLimited, RejectResponse,
 };
 pub use self::service::SlidingWindow;
 pub use self::shared::{
