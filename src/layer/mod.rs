@@ -32,9 +32,9 @@ pub(crate) mod waiting;
 
 mod service;
 
-pub mod builder;
+mod builder;
 
-pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, TieredStores, Unset};
+pub use self::builder::{InMemory, SlidingWindowLayerBuilder, Stores, Unset};
 pub use self::future::ResponseFuture;
 pub use self::rejection::{
     CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ProblemDetails,
