@@ -24,15 +24,15 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum ConfigError {
     /// A setting that must be above zero was zero (a window: zero or never
-    /// set). `setting` names it as its method does: a policy's `"limit"`,
-    /// `"window"` and `"buckets"`, a bounded wait's `"max_queue"` (to never
-    /// wait, reject instead), a header key's `"max_len"`, and the Redis
-    /// store's `"timeout"`, its circuit breaker's `"cool_down"` (turn the
-    /// breaker off with `CircuitBreaker::OFF` instead) and its leases'
-    /// `"lease_share"` (`Leases::with_share`) and `"lease_keys"`
-    /// (`Leases::with_keys`; leave leases off instead).
+    /// set). `setting` names it: a policy's `"limit"`, `"window"` and
+    /// `"buckets"`, a bounded wait's `"max_queue"` (to never wait, reject
+    /// instead), a header key's `"max_len"`, and the Redis store's
+    /// `"timeout"`, its circuit breaker's `"cool_down"` (turn the breaker off
+    /// with `CircuitBreaker::OFF` instead) and its leases' `"lease_share"`
+    /// (`Leases::with_share`) and `"lease_keys"` (`Leases::with_keys`; leave
+    /// leases off instead).
     Zero {
-        /// The setting, as its method is named.
+        /// The setting: one of the names above.
         setting: &'static str,
     },
     /// More buckets than [`Policy::MAX_BUCKETS`](crate::Policy::MAX_BUCKETS).
