@@ -9,24 +9,32 @@ use std::time::Duration;
 ///
 /// Every invalid setting is caught when the policy, limiter, extractor, layer
 /// or store is built, so a running limiter never panics on its configuration.
-/// Each mistake has its own variant, to match on; `Display` says what to change.
+/// Each mistake has its own variant to match on (a setting that must not be
+/// zero: [`Zero`](ConfigError::Zero), naming it); `Display` says what to change.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tower_sliding_window::{ConfigError, Policy};
 ///
 /// let err = Policy::builder().limit(0).window(Duration::from_secs(1)).build().unwrap_err();
-/// assert!(matches!(err, ConfigError::ZeroLimit));
+/// assert!(matches!(err, ConfigError::Zero { setting: "limit" }));
+/// assert_eq!(err.to_string(), "rate limit must be at least 1");
 /// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// A policy's `limit` was 0: nothing could ever pass.
-    ZeroLimit,
-    /// A policy's `window` was zero or never set.
-    ZeroWindow,
-    /// A policy's `buckets` was 0.
-    ZeroBuckets,
+    /// A setting that must be above zero was zero (a window: zero or never
+    /// set). `setting` names it: a policy's `"limit"`, `"window"` and
+    /// `"buckets"`, a bounded wait's `"max_queue"` (to never wait, reject
+    /// instead), a header key's `"max_len"`, and the Redis store's
+    /// `"timeout"`, its circuit breaker's `"cool_down"` (turn the breaker off
+    /// with `CircuitBreaker::OFF` instead) and its leases' `"lease_share"`
+    /// (`Leases::with_share`) and `"lease_keys"` (`Leases::with_keys`; leave
+    /// leases off instead).
+    Zero {
+        /// The setting: one of the names above.
+        setting: &'static str,
+    },
     /// More buckets than [`Policy::MAX_BUCKETS`](crate::Policy::MAX_BUCKETS).
     TooManyBuckets {
         /// The number asked for.
@@ -94,8 +102,6 @@ pub enum ConfigError {
     /// set and then `reject_with_errors` made the layer one of any request
     /// type, which would silently ignore them.
     HttpSettingsIgnored,
-    /// `max_queue` of a bounded wait was 0 (to never wait, reject instead).
-    ZeroMaxQueue,
     /// An IP prefix length longer than the address (32 bits for IPv4, 128
     /// for IPv6).
     PrefixTooLong {
@@ -115,8 +121,6 @@ pub enum ConfigError {
         /// The name given.
         name: String,
     },
-    /// `max_len` of a header key was 0: no value could ever be a key.
-    ZeroMaxLen,
     /// A store that must run on tokio (the Redis store), or a limiter that
     /// sweeps idle keys from a tokio task
     /// ([`sweep_idle`](crate::store::LimiterBuilder::sweep_idle)), was built
@@ -137,17 +141,6 @@ pub enum ConfigError {
     /// A `rediss://` (TLS) URL, in a build without this crate's `redis-tls`
     /// feature.
     RedisTlsNotEnabled,
-    /// A store timeout of zero: every decision would fail.
-    ZeroTimeout,
-    /// A Redis circuit breaker with a cool-down of zero: it would probe Redis
-    /// on every decision. Turn it off with `CircuitBreaker::OFF` instead.
-    ZeroCoolDown,
-    /// Redis leases whose grants may take `1/0` of what the window has left
-    /// (`Leases::with_share(0)`): 1 lets a grant take all of it.
-    ZeroLeaseShare,
-    /// Redis leases that follow no key (`Leases::with_keys(0)`): leave
-    /// leases off instead.
-    ZeroLeaseKeys,
     /// An interpolated policy too large for the Redis script's arithmetic
     /// (Lua numbers are doubles): (limit + 1) × bucket width in µs must stay
     /// below 2^53. Use a lower limit, narrower buckets or strict precision.
@@ -203,9 +196,10 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::ZeroLimit => f.write_str("rate limit must be at least 1"),
-            ConfigError::ZeroWindow => f.write_str("window must be longer than zero"),
-            ConfigError::ZeroBuckets => f.write_str("a window needs at least one bucket"),
+            ConfigError::Zero { setting } => match zero_message(setting) {
+                Some(message) => f.write_str(message),
+                None => write!(f, "{setting} must be above zero"),
+            },
             ConfigError::TooManyBuckets { buckets, max } => {
                 write!(f, "{buckets} buckets requested, at most {max} are supported")
             }
@@ -245,9 +239,6 @@ impl fmt::Display for ConfigError {
                  rejections, and count_if(), settle() and the other settlements read HTTP \
                  responses; after reject_with_errors() they would be ignored",
             ),
-            ConfigError::ZeroMaxQueue => {
-                f.write_str("max_queue must be at least 1 (to never wait, reject instead)")
-            }
             ConfigError::PrefixTooLong { prefix_len, max } => {
                 write!(f, "prefix length {prefix_len} is longer than the address ({max} bits)")
             }
@@ -259,7 +250,6 @@ impl fmt::Display for ConfigError {
             ConfigError::InvalidHeaderName { name } => {
                 write!(f, "{name:?} is not a valid header name")
             }
-            ConfigError::ZeroMaxLen => f.write_str("a header key's max_len must be at least 1"),
             ConfigError::NoRuntime => f.write_str(
                 "build inside a tokio runtime: a Redis store's connection and a limiter's idle-key \
                  sweeper (sweep_idle) run there",
@@ -274,7 +264,6 @@ impl fmt::Display for ConfigError {
             ConfigError::RedisTlsNotEnabled => f.write_str(
                 "a rediss:// (TLS) URL needs the tower-sliding-window feature `redis-tls`",
             ),
-            ConfigError::ZeroTimeout => f.write_str("the store's timeout must be longer than zero"),
             ConfigError::NoTiers => f.write_str("a table of tiers needs at least one tier"),
             ConfigError::InvalidTierName { name } => {
                 write!(f, "tier name {} must be {NAME_RULE}", Shown(name))
@@ -300,15 +289,6 @@ impl fmt::Display for ConfigError {
             ConfigError::UnknownFallbackTier { name } => {
                 write!(f, "the fallback tier {name:?} is not in the table of tiers")
             }
-            ConfigError::ZeroCoolDown => f.write_str(
-                "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)",
-            ),
-            ConfigError::ZeroLeaseShare => f.write_str(
-                "a lease's share must be at least 1 (a grant takes at most 1/share of what the window has left)",
-            ),
-            ConfigError::ZeroLeaseKeys => f.write_str(
-                "leases must follow at least one key (leave leases off instead)",
-            ),
             ConfigError::InterpolationOutOfRange => f.write_str(
                 "interpolated precision on Redis needs (limit + 1) × bucket width in µs below \
                  2^53; use a lower limit, narrower buckets or strict precision",
@@ -320,6 +300,54 @@ impl fmt::Display for ConfigError {
             ),
         }
     }
+}
+
+// Each setting's `Zero`, its name spelled once: the builders return these,
+// and `zero_message` gives each its own message.
+#[allow(non_upper_case_globals)]
+impl ConfigError {
+    pub(crate) const ZeroLimit: ConfigError = ConfigError::Zero { setting: "limit" };
+    pub(crate) const ZeroWindow: ConfigError = ConfigError::Zero { setting: "window" };
+    pub(crate) const ZeroBuckets: ConfigError = ConfigError::Zero { setting: "buckets" };
+    pub(crate) const ZeroMaxQueue: ConfigError = ConfigError::Zero {
+        setting: "max_queue",
+    };
+    pub(crate) const ZeroMaxLen: ConfigError = ConfigError::Zero { setting: "max_len" };
+    #[cfg(feature = "redis")]
+    pub(crate) const ZeroTimeout: ConfigError = ConfigError::Zero { setting: "timeout" };
+    #[cfg(feature = "redis")]
+    pub(crate) const ZeroCoolDown: ConfigError = ConfigError::Zero {
+        setting: "cool_down",
+    };
+    #[cfg(feature = "redis")]
+    pub(crate) const ZeroLeaseShare: ConfigError = ConfigError::Zero {
+        setting: "lease_share",
+    };
+    #[cfg(feature = "redis")]
+    pub(crate) const ZeroLeaseKeys: ConfigError = ConfigError::Zero {
+        setting: "lease_keys",
+    };
+}
+
+/// The message of a zero `setting`: what it must be, and what to do instead
+/// where zero reads as "off".
+fn zero_message(setting: &str) -> Option<&'static str> {
+    Some(match setting {
+        "limit" => "rate limit must be at least 1",
+        "window" => "window must be longer than zero",
+        "buckets" => "a window needs at least one bucket",
+        "max_queue" => "max_queue must be at least 1 (to never wait, reject instead)",
+        "max_len" => "a header key's max_len must be at least 1",
+        "timeout" => "the store's timeout must be longer than zero",
+        "cool_down" => {
+            "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)"
+        }
+        "lease_share" => {
+            "a lease's share must be at least 1 (a grant takes at most 1/share of what the window has left)"
+        }
+        "lease_keys" => "leases must follow at least one key (leave leases off instead)",
+        _ => return None,
+    })
 }
 
 /// What a policy or tier name may be, for messages.
@@ -345,6 +373,36 @@ impl Error for ConfigError {
         match self {
             ConfigError::InvalidRedisUrl { source } => Some(&**source),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_zero_setting_has_its_own_message() {
+        let zeros = [
+            ConfigError::ZeroLimit,
+            ConfigError::ZeroWindow,
+            ConfigError::ZeroBuckets,
+            ConfigError::ZeroMaxQueue,
+            ConfigError::ZeroMaxLen,
+            #[cfg(feature = "redis")]
+            ConfigError::ZeroTimeout,
+            #[cfg(feature = "redis")]
+            ConfigError::ZeroCoolDown,
+            #[cfg(feature = "redis")]
+            ConfigError::ZeroLeaseShare,
+            #[cfg(feature = "redis")]
+            ConfigError::ZeroLeaseKeys,
+        ];
+        for zero in zeros {
+            let ConfigError::Zero { setting } = zero else {
+                panic!("{zero:?} is not a zero setting");
+            };
+            assert!(zero_message(setting).is_some(), "{setting} has no message");
         }
     }
 }

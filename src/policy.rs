@@ -605,14 +605,17 @@ mod tests {
     #[test]
     fn rejects_each_invalid_setting_with_its_own_error() {
         let ok = || Policy::builder().limit(5).window(Duration::from_secs(1));
-        assert!(matches!(ok().limit(0).build(), Err(ConfigError::ZeroLimit)));
+        assert!(matches!(
+            ok().limit(0).build(),
+            Err(ConfigError::Zero { setting: "limit" })
+        ));
         assert!(matches!(
             ok().window(Duration::ZERO).build(),
-            Err(ConfigError::ZeroWindow)
+            Err(ConfigError::Zero { setting: "window" })
         ));
         assert!(matches!(
             ok().buckets(0).build(),
-            Err(ConfigError::ZeroBuckets)
+            Err(ConfigError::Zero { setting: "buckets" })
         ));
         assert!(matches!(
             ok().buckets(Policy::MAX_BUCKETS + 1).build(),
@@ -738,11 +741,11 @@ mod tests {
         }
         assert!(matches!(
             err("0/min"),
-            PolicyParseError::Invalid(ConfigError::ZeroLimit)
+            PolicyParseError::Invalid(ConfigError::Zero { setting: "limit" })
         ));
         assert!(matches!(
             err("1/0s"),
-            PolicyParseError::Invalid(ConfigError::ZeroWindow)
+            PolicyParseError::Invalid(ConfigError::Zero { setting: "window" })
         ));
         assert!(matches!(
             err("1/60000d"),

@@ -37,7 +37,9 @@ fn policy_notation_names_what_is_wrong() {
     ));
     assert!(matches!(
         "0/min".parse::<Policy>(),
-        Err(PolicyParseError::Invalid(ConfigError::ZeroLimit))
+        Err(PolicyParseError::Invalid(ConfigError::Zero {
+            setting: "limit"
+        }))
     ));
 }
 

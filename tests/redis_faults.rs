@@ -940,7 +940,9 @@ async fn without_a_breaker_every_decision_asks_redis() {
     .build();
     assert!(matches!(
         zero,
-        Err(tower_sliding_window::ConfigError::ZeroCoolDown)
+        Err(tower_sliding_window::ConfigError::Zero {
+            setting: "cool_down"
+        })
     ));
 }
 

@@ -310,7 +310,7 @@ async fn invalid_settings_are_rejected_at_build() {
     assert!(std::error::Error::source(&bad_url).is_some(), "{bad_url:?}");
     assert!(matches!(
         build(open().url(&redis_url()).timeout(Duration::ZERO)),
-        ConfigError::ZeroTimeout
+        ConfigError::Zero { setting: "timeout" }
     ));
     let tiny = RedisStore::builder(
         policy(5, Duration::from_nanos(5_000), 10),

@@ -290,7 +290,12 @@ fn a_wait_queue_of_no_place_is_a_configuration_error() {
     // Backpressure on a keyed layer, or waiting with a remote store, does not
     // compile (tests/compile/fail).
     let no_queue = WaitConfig::bounded(ms(100), 0);
-    assert!(matches!(no_queue, Err(ConfigError::ZeroMaxQueue)));
+    assert!(matches!(
+        no_queue,
+        Err(ConfigError::Zero {
+            setting: "max_queue"
+        })
+    ));
 }
 
 #[tokio::test(start_paused = true)]

@@ -127,7 +127,10 @@ mod tests {
         let short = key.clone().max_len(3).unwrap();
         let req = request("x-api-key", &[b"abcd"]);
         assert_eq!(short.extract(&req), None);
-        assert!(matches!(key.max_len(0), Err(ConfigError::ZeroMaxLen)));
+        assert!(matches!(
+            key.max_len(0),
+            Err(ConfigError::Zero { setting: "max_len" })
+        ));
         assert!(matches!(
             HeaderKey::named("bad header"),
             Err(ConfigError::InvalidHeaderName { name }) if name == "bad header"

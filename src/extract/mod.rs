@@ -48,6 +48,8 @@ pub use self::forwarded::ProxyHeader;
 pub use self::header::HeaderKey;
 pub use self::ip::{ClientIp, PeerIp};
 pub use self::net::{IpNet, IpNetParseError};
+use self::sealed::TierKeyFn;
+pub(crate) use self::sealed::{KeysAlone, NamesTiers};
 pub use crate::tier::{TierId, TierNames};
 
 // `Tiering` and its kinds are defined below, with `Keyed`.
@@ -116,36 +118,92 @@ impl Tiering for Tiered {
     const NAMES_TIERS: bool = true;
 }
 
+// Sealed: the traits only this crate implements. Beside `Sealed` (no kind
+// of `Tiering` but these two), the bounds the builder and `tiered_key_fn` put
+// on an extractor: public, since they stand in public signatures and their
+// messages explain a wrong extractor, but not nameable, since no user
+// implements or names them.
 mod sealed {
+    use super::*;
+
     pub trait Sealed {}
-    impl Sealed for super::Untiered {}
-    impl Sealed for super::Tiered {}
+    impl Sealed for Untiered {}
+    impl Sealed for Tiered {}
+
+    /// What the builder's methods of a layer of policies ask of an extractor's
+    /// [`Keyed::Tiering`]: [`Untiered`], keys alone.
+    #[diagnostic::on_unimplemented(
+        message = "`.policy(..)`, `.store(..)` and `.on_limit(..)` need an extractor of keys alone, and this one names each request's tier (or its type does not say it does not)",
+        label = "needs an extractor whose `Keyed::Tiering` is `Untiered`",
+        note = "an extractor that names tiers takes its policies from a table: `.tiers(Tiers::builder().limited(\"free\", [\"100/min\".parse()?]).build()?)`",
+        note = "for the same policies for every request, key with `key_fn(|req: &Request<Body>| ...)`, which names no tier",
+        note = "a function that returns `impl KeyExtractor<Req>` says so: `impl KeyExtractor<Req, Tiering = Untiered>`"
+    )]
+    pub trait KeysAlone: Tiering {}
+
+    impl KeysAlone for Untiered {}
+
+    /// What the builder's methods of a layer of tiers ask of an extractor's
+    /// [`Keyed::Tiering`]: [`Tiered`], naming each request's tier.
+    #[diagnostic::on_unimplemented(
+        message = "a layer of tiers needs an extractor that names each request's tier, and this one gives a key alone (or its type does not say it names tiers)",
+        label = "needs an extractor whose `Keyed::Tiering` is `Tiered`",
+        note = "name the tier with the key: `tiered_key_fn(|req: &Request<Body>| Some((tier, key)))`",
+        note = "to key some tiers by address, call `ClientIp::key_of(req)` or `PeerIp::key_of(req)` in that closure"
+    )]
+    pub trait NamesTiers: Tiering {}
+
+    impl NamesTiers for Tiered {}
+
+    /// What [`tiered_key_fn`] takes: a function of the request to its tier and
+    /// key, `Fn(&Req) -> Option<(T, K)>` with `T: AsRef<str>`, as a closure or
+    /// function, boxed (`Box<dyn Fn ...>`) or shared (`Arc<dyn Fn ...>`, or an
+    /// `Arc` of a closure).
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` does not name a tier and a key for requests of type `{Req}`",
+        label = "not a function of the request to `Option<(tier, key)>`",
+        note = "a tiered extractor is a closure `|req: &{Req}| Some((tier, key))`, boxed or in an `Arc`; the tier is any `AsRef<str>`"
+    )]
+    pub trait TierKeyFn<Req>: Send + Sync + 'static {
+        /// The tier's name.
+        type Tier: AsRef<str>;
+        /// The key within the tier.
+        type Key: Hash + Eq + Clone + Send + Sync + 'static;
+
+        /// The request's tier and key, or `None` when it has no key.
+        fn tier_and_key(&self, req: &Req) -> Option<(Self::Tier, Self::Key)>;
+    }
+
+    impl<Req, T, K, F> TierKeyFn<Req> for F
+    where
+        F: Fn(&Req) -> Option<(T, K)> + Send + Sync + 'static,
+        T: AsRef<str>,
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        type Tier = T;
+        type Key = K;
+
+        #[inline]
+        fn tier_and_key(&self, req: &Req) -> Option<(T, K)> {
+            self(req)
+        }
+    }
+
+    impl<Req, T, K, F> TierKeyFn<Req> for Arc<F>
+    where
+        F: Fn(&Req) -> Option<(T, K)> + Send + Sync + ?Sized + 'static,
+        T: AsRef<str>,
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        type Tier = T;
+        type Key = K;
+
+        #[inline]
+        fn tier_and_key(&self, req: &Req) -> Option<(T, K)> {
+            (**self)(req)
+        }
+    }
 }
-
-/// What the builder's methods of a layer of policies ask of an extractor's
-/// [`Keyed::Tiering`]: [`Untiered`], keys alone.
-#[diagnostic::on_unimplemented(
-    message = "`.policy(..)`, `.store(..)` and `.on_limit(..)` need an extractor of keys alone, and this one names each request's tier (or its type does not say it does not)",
-    label = "needs an extractor whose `Keyed::Tiering` is `Untiered`",
-    note = "an extractor that names tiers takes its policies from a table: `.tiers(Tiers::builder().limited(\"free\", [\"100/min\".parse()?]).build()?)`",
-    note = "for the same policies for every request, key with `key_fn(|req: &Request<Body>| ...)`, which names no tier",
-    note = "a function that returns `impl KeyExtractor<Req>` says so: `impl KeyExtractor<Req, Tiering = Untiered>`"
-)]
-pub trait KeysAlone: Tiering {}
-
-impl KeysAlone for Untiered {}
-
-/// What the builder's methods of a layer of tiers ask of an extractor's
-/// [`Keyed::Tiering`]: [`Tiered`], naming each request's tier.
-#[diagnostic::on_unimplemented(
-    message = "a layer of tiers needs an extractor that names each request's tier, and this one gives a key alone (or its type does not say it names tiers)",
-    label = "needs an extractor whose `Keyed::Tiering` is `Tiered`",
-    note = "name the tier with the key: `tiered_key_fn(|req: &Request<Body>| Some((tier, key)))`",
-    note = "to key some tiers by address, call `ClientIp::key_of(req)` or `PeerIp::key_of(req)` in that closure"
-)]
-pub trait NamesTiers: Tiering {}
-
-impl NamesTiers for Tiered {}
 
 /// An extractor with one key for every request (its key type is `()`), such
 /// as [`GlobalKey`]: the only kind that can hold back `poll_ready`
@@ -331,9 +389,9 @@ impl<Req: 'static, K: Hash + Eq + Clone + Send + Sync + 'static> KeyExtractor<Re
 /// A closure `Fn(&Req) -> Option<(T, K)>` naming each request's tier (any
 /// `T: AsRef<str>`: a `&'static str`, a `String` from a lookup) along with its
 /// key, for a layer of [`tiers`](crate::SlidingWindowLayerBuilder::tiers):
-/// a closure or function, a boxed one, or one shared behind an `Arc` (see
-/// [`TierKeyFn`]; [`SharedTieredKeyFn`] names the type of a shared one, for a
-/// layer kept in a struct). `None` means the request has no key; a tier the
+/// a closure or function, a boxed one, or one shared behind an `Arc`
+/// ([`SharedTieredKeyFn`] names the type of a shared one, for a layer kept
+/// in a struct). `None` means the request has no key; a tier the
 /// table lacks is answered as the layer is configured for an unknown tier.
 ///
 /// ```
@@ -368,55 +426,6 @@ where
     TieredKeyFn {
         f,
         key: PhantomData,
-    }
-}
-
-/// What [`tiered_key_fn`] takes: a function of the request to its tier and
-/// key, `Fn(&Req) -> Option<(T, K)>` with `T: AsRef<str>`, as a closure or
-/// function, boxed (`Box<dyn Fn ...>`) or shared (`Arc<dyn Fn ...>`, or an
-/// `Arc` of a closure).
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` does not name a tier and a key for requests of type `{Req}`",
-    label = "not a function of the request to `Option<(tier, key)>`",
-    note = "a tiered extractor is a closure `|req: &{Req}| Some((tier, key))`, boxed or in an `Arc`; the tier is any `AsRef<str>`"
-)]
-pub trait TierKeyFn<Req>: Send + Sync + 'static {
-    /// The tier's name.
-    type Tier: AsRef<str>;
-    /// The key within the tier.
-    type Key: Hash + Eq + Clone + Send + Sync + 'static;
-
-    /// The request's tier and key, or `None` when it has no key.
-    fn tier_and_key(&self, req: &Req) -> Option<(Self::Tier, Self::Key)>;
-}
-
-impl<Req, T, K, F> TierKeyFn<Req> for F
-where
-    F: Fn(&Req) -> Option<(T, K)> + Send + Sync + 'static,
-    T: AsRef<str>,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-{
-    type Tier = T;
-    type Key = K;
-
-    #[inline]
-    fn tier_and_key(&self, req: &Req) -> Option<(T, K)> {
-        self(req)
-    }
-}
-
-impl<Req, T, K, F> TierKeyFn<Req> for Arc<F>
-where
-    F: Fn(&Req) -> Option<(T, K)> + Send + Sync + ?Sized + 'static,
-    T: AsRef<str>,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-{
-    type Tier = T;
-    type Key = K;
-
-    #[inline]
-    fn tier_and_key(&self, req: &Req) -> Option<(T, K)> {
-        (**self)(req)
     }
 }
 

@@ -35,15 +35,13 @@ pub(crate) mod waiting;
 
 mod service;
 
-pub mod builder;
+mod builder;
 
-pub use self::builder::{
-    InMemory, InMemoryOrUnset, SlidingWindowLayerBuilder, Stores, TieredStores, Unset,
-};
+pub use self::builder::{InMemory, InMemoryOrUnset, SlidingWindowLayerBuilder, Stores, Unset};
 pub use self::future::ResponseFuture;
 pub use self::rejection::{
-    CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ModeConfig,
-    ProblemDetails, RateLimited, RejectResponse, RejectionMode,
+    CustomResponse, DefaultResponse, ErrorRejection, HttpRejection, KeyMissing, ProblemDetails,
+    RateLimited, RejectResponse,
 };
 pub use self::service::SlidingWindow;
 pub use self::settle::{Settlement, Unsettled};

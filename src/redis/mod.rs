@@ -67,7 +67,7 @@ use ::redis::aio::ConnectionManagerConfig;
 use ::redis::{Client, FromRedisValue, RedisError, Script, ScriptInvocation};
 use breaker::{Admit, Breaker, Probe};
 use builder::{new_deny_cache, Geometry};
-pub use connection::{AsyncConnection, AsyncConnectionHandle};
+pub use connection::AsyncConnection;
 use connection::{Connection, Failure};
 use deny_cache::DenyCache;
 use events::Events;
