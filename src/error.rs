@@ -58,11 +58,6 @@ pub enum ConfigError {
         /// The longest window accepted.
         max: Duration,
     },
-    /// `max_keys` was 0: no key could ever be tracked.
-    ZeroMaxKeys,
-    /// A limiter's background sweep was given a period of zero
-    /// ([`sweep_idle_every`](crate::store::LimiterBuilder::sweep_idle_every)).
-    ZeroSweepPeriod,
     /// A layer was built without a policy.
     NoPolicy,
     /// A layer was given more policies than it decides at once.
@@ -210,10 +205,6 @@ impl fmt::Display for ConfigError {
             ConfigError::WindowTooLong { window, max } => {
                 write!(f, "window {window:?} is longer than the supported maximum {max:?}")
             }
-            ConfigError::ZeroMaxKeys => f.write_str("max_keys must be at least 1"),
-            ConfigError::ZeroSweepPeriod => {
-                f.write_str("the idle-key sweep's period must be longer than zero")
-            }
             ConfigError::NoPolicy => f.write_str("a layer needs at least one policy"),
             ConfigError::TooManyPolicies { count, max } => {
                 write!(f, "{count} policies given, a layer accepts at most {max}")
@@ -313,6 +304,12 @@ impl ConfigError {
         setting: "max_queue",
     };
     pub(crate) const ZeroMaxLen: ConfigError = ConfigError::Zero { setting: "max_len" };
+    pub(crate) const ZeroMaxKeys: ConfigError = ConfigError::Zero {
+        setting: "max_keys",
+    };
+    pub(crate) const ZeroSweepPeriod: ConfigError = ConfigError::Zero {
+        setting: "sweep_period",
+    };
     #[cfg(feature = "redis")]
     pub(crate) const ZeroTimeout: ConfigError = ConfigError::Zero { setting: "timeout" };
     #[cfg(feature = "redis")]
@@ -338,6 +335,8 @@ fn zero_message(setting: &str) -> Option<&'static str> {
         "buckets" => "a window needs at least one bucket",
         "max_queue" => "max_queue must be at least 1 (to never wait, reject instead)",
         "max_len" => "a header key's max_len must be at least 1",
+        "max_keys" => "max_keys must be at least 1",
+        "sweep_period" => "the idle-key sweep's period must be longer than zero",
         "timeout" => "the store's timeout must be longer than zero",
         "cool_down" => {
             "the circuit breaker's cool-down must be longer than zero (CircuitBreaker::OFF turns it off)"
@@ -389,6 +388,8 @@ mod tests {
             ConfigError::ZeroBuckets,
             ConfigError::ZeroMaxQueue,
             ConfigError::ZeroMaxLen,
+            ConfigError::ZeroMaxKeys,
+            ConfigError::ZeroSweepPeriod,
             #[cfg(feature = "redis")]
             ConfigError::ZeroTimeout,
             #[cfg(feature = "redis")]

@@ -680,7 +680,9 @@ fn max_keys_zero_with_policies_is_a_configuration_error() {
         .build();
     assert!(matches!(
         zero.unwrap_err(),
-        tower_sliding_window::ConfigError::ZeroMaxKeys
+        tower_sliding_window::ConfigError::Zero {
+            setting: "max_keys"
+        }
     ));
 }
 

@@ -686,7 +686,7 @@ impl<X: Keyed, Place: InMemoryOrUnset, M> SlidingWindowLayerBuilder<X, Place, M>
     /// in-memory limiter, rather than every bucket width as
     /// [`sweep_idle`](Self::sweep_idle) does: a longer period costs less
     /// with millions of keys, and keys then stay up to that much longer. A
-    /// zero `every` is [`ConfigError::ZeroSweepPeriod`].
+    /// zero `every` is [`ConfigError::Zero`].
     pub fn sweep_idle_every(
         self,
         every: Duration,
@@ -1368,7 +1368,12 @@ mod tests {
             .policy(per_second(1))
             .max_keys(0)
             .build();
-        assert!(matches!(zero_keys, Err(ConfigError::ZeroMaxKeys)));
+        assert!(matches!(
+            zero_keys,
+            Err(ConfigError::Zero {
+                setting: "max_keys"
+            })
+        ));
 
         // Not inside a tokio runtime: no sweeper can be spawned.
         let no_runtime = SlidingWindowLayer::builder(key_fn(key))
@@ -1512,7 +1517,12 @@ mod tests {
             .policy(per_second(5))
             .sweep_idle_every(Duration::ZERO)
             .build();
-        assert!(matches!(zero, Err(ConfigError::ZeroSweepPeriod)));
+        assert!(matches!(
+            zero,
+            Err(ConfigError::Zero {
+                setting: "sweep_period"
+            })
+        ));
     }
 
     #[test]

@@ -233,7 +233,7 @@ impl<C> LimiterBuilder<C> {
     /// it must be called inside one, with time enabled (as in `#[tokio::main]`
     /// and `#[tokio::test]`); outside one it returns
     /// [`ConfigError::NoRuntime`], and a zero `every` is
-    /// [`ConfigError::ZeroSweepPeriod`]. The task holds the limiter's state
+    /// [`ConfigError::Zero`]. The task holds the limiter's state
     /// only weakly: it never keeps the limiter alive, and it ends when the
     /// limiter is dropped (a layer's limiters: when the layer and every
     /// service made from it are dropped).

@@ -484,7 +484,12 @@ fn zero_max_keys_is_rejected() {
         Limiter::builder(Policy::per(1, Duration::from_secs(1)).unwrap())
             .max_keys(0)
             .build();
-    assert!(matches!(r.unwrap_err(), ConfigError::ZeroMaxKeys));
+    assert!(matches!(
+        r.unwrap_err(),
+        ConfigError::Zero {
+            setting: "max_keys"
+        }
+    ));
 }
 
 #[test]
@@ -879,7 +884,12 @@ mod sweeper {
         let built: Result<Limiter<u64>, _> = Limiter::builder(policy(3))
             .sweep_idle_every(Duration::ZERO)
             .build();
-        assert!(matches!(built, Err(ConfigError::ZeroSweepPeriod)));
+        assert!(matches!(
+            built,
+            Err(ConfigError::Zero {
+                setting: "sweep_period"
+            })
+        ));
     }
 }
 
