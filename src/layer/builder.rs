@@ -8,12 +8,11 @@
 //! have (a clock, a key cap, waiting, sweeping) do not exist on a builder of stores: a
 //! mistake there does not compile, rather than failing when the layer is built.
 
+use super::events::LayerEvents;
 use super::local::{AsLocal, LayerQueues, LocalStore};
 use super::rejection::{CustomResponse, ErrorRejection, HttpRejection, ModeConfig, ProblemDetails};
 use super::settle::{SettleConfig, Unsettled};
-use super::shared::{
-    Hold, KeyFormatter, LayerCounters, MissingKey, OnLimit, Shared, SlidingWindowLayer,
-};
+use super::shared::{Hold, KeyFormatter, MissingKey, OnLimit, Shared, SlidingWindowLayer};
 use super::tiers::{Policies, StoreFactory, TierState};
 use crate::clock::{AutoClock, Clock};
 use crate::error::ConfigError;
@@ -22,7 +21,6 @@ use crate::extract::{
     Tiering, WithCost, WithExemption,
 };
 use crate::limiter::Limiter;
-use crate::log::LayerLogs;
 use crate::metrics::LayerMetrics;
 use crate::policy::Policy;
 use crate::store::Store;
@@ -488,9 +486,7 @@ impl<X: Keyed, Place, M> SlidingWindowLayerBuilder<X, Place, M> {
                 hold,
                 dry_run: settings.dry_run,
                 key_formatter: settings.key_formatter,
-                counters: LayerCounters::default(),
-                metrics,
-                logs: LayerLogs::default(),
+                events: LayerEvents::new(metrics),
                 wait: LayerQueues::new(hold.wait_config()),
                 local,
                 reserve_key,

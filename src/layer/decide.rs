@@ -7,7 +7,6 @@ use super::response::RateLimitHeaders;
 use super::shared::{Policies, Shared, MAX_POLICIES};
 use crate::decision::{Decision, Outcome};
 use crate::extract::{KeyOf, Keyed};
-use crate::stats::bump;
 use crate::store::{Store, StoreError, StoreErrorKind};
 use std::time::Duration;
 use tower_service::Service;
@@ -194,29 +193,13 @@ where
             let report = report(i);
             let name = &policies.limits[i].name;
             let d = &report.decision;
-            let retry_ms = d.retry_after().map(|w| w.as_millis() as u64);
+            let logged = shared.loggable_key(key);
+            let logged = logged.as_ref().map(|k| k as &dyn std::fmt::Display);
+            shared
+                .events
+                .limited(name, d.limit(), d.retry_after(), logged, shared.dry_run);
             if shared.dry_run {
-                bump(&shared.counters.dry_run_rejections);
-                shared.metrics.dry_run_denied();
-                if let Some(held) = shared.logs.dry_run.admit() {
-                    match shared.loggable_key(key) {
-                        Some(key) => {
-                            tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, %key, held_back = held, "rate limit (dry run): would reject")
-                        }
-                        None => {
-                            tracing::info!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, held_back = held, "rate limit (dry run): would reject")
-                        }
-                    }
-                }
                 return Action::Forward(shared.mode.allowed_headers(|| report));
-            }
-            match shared.loggable_key(key) {
-                Some(key) => {
-                    tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, %key, "rate limit: rejected")
-                }
-                None => {
-                    tracing::debug!(policy = %name, limit = d.limit(), retry_after_ms = ?retry_ms, "rate limit: rejected")
-                }
             }
             let violated = policies.violated(answers);
             Action::Reject(
@@ -226,14 +209,13 @@ where
             )
         }
         Verdict::StoreDown(i) => {
-            bump(&shared.counters.store_errors);
             let Some(Err(error)) = &answers[i] else {
                 debug_assert!(false, "StoreDown names a policy whose store answered");
                 return unanswered(shared, req);
             };
-            if let Some(held) = shared.logs.store_down.admit() {
-                tracing::warn!(policy = %policies.limits[i].name, %error, kind = ?error.kind(), dry_run = shared.dry_run, held_back = held, "rate limit: store could not decide");
-            }
+            shared
+                .events
+                .store_down(&policies.limits[i].name, error, shared.dry_run);
             if shared.dry_run {
                 return Action::Forward(None);
             }
@@ -254,12 +236,7 @@ where
     X: Keyed,
     M: RejectionMode<Req, S>,
 {
-    if let Some(held) = shared.logs.undecided.admit() {
-        tracing::error!(
-            held_back = held,
-            "rate limit: a request was left undecided; rejected (please report this bug)"
-        );
-    }
+    shared.events.undecided();
     let error = StoreError::new(StoreErrorKind::Other, Duration::from_secs(1))
         .with_source("the rate limiter left a request undecided");
     Action::Reject(shared.mode.reject(req, Rejection::StoreUnavailable(&error)))

@@ -27,6 +27,7 @@ mod shared;
 
 mod decide;
 
+mod events;
 mod future;
 
 mod settle;

@@ -25,7 +25,6 @@ use super::tiers::{DeniedTier, Policies, Tier, TierCache, TierState, TierTable};
 use super::waiting::{self, BoxedReady};
 use crate::extract::{KeyExtractor, KeyOf, Keyed};
 use crate::limiter::Limiter;
-use crate::stats::bump;
 use crate::store::Store;
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -261,7 +260,7 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &*self.layer.shared;
         if shared.extractor.is_exempt(&req) {
-            shared.metrics.exempt();
+            shared.events.exempt();
             // Backpressure reserved a unit in poll_ready: not this request's.
             waiting::give_back_reservation(&mut self.ready);
             return ResponseFuture::forwarded(self.inner.call(req));
@@ -280,7 +279,7 @@ where
         let key = match shared.extractor.extract(&req) {
             Some(key) => key,
             None => {
-                shared.metrics.missing_key();
+                shared.events.missing_key();
                 match &shared.missing_key {
                     MissingKey::Fallback(key) => key.clone(),
                     // The request moves only here: moved in and back out, it
@@ -320,17 +319,10 @@ where
         }
         MissingKey::Reject => {
             waiting::give_back_reservation(ready);
-            bump(&shared.counters.key_missing);
+            shared.events.key_missing_rejected(shared.dry_run);
             if shared.dry_run {
-                if let Some(held) = shared.logs.no_key_dry_run.admit() {
-                    tracing::info!(
-                        held_back = held,
-                        "rate limit (dry run): request has no key, would reject"
-                    );
-                }
                 return ResponseFuture::forwarded(inner.call(req));
             }
-            tracing::debug!("rate limit: request has no key, rejected");
             let rejection = Rejection::KeyMissing(shared.missing_key_status);
             ResponseFuture::rejected(shared.mode.reject(&req, rejection))
         }
@@ -383,22 +375,19 @@ where
     match why {
         // A layer of tiers has no fallback key (`build` refuses one).
         NotLimited::NoKey => {
-            shared.metrics.missing_key();
+            shared.events.missing_key();
             without_key(shared, inner, &mut None, req)
         }
         NotLimited::Unlimited => {
-            shared.metrics.exempt();
+            shared.events.exempt();
             ResponseFuture::forwarded(inner.call(req))
         }
         NotLimited::Denied(denied) => {
-            shared.metrics.tier_denied();
             let report = denied.report();
+            shared.events.tier_denied(&denied.name, shared.dry_run);
             if shared.dry_run {
-                bump(&shared.counters.dry_run_rejections);
-                shared.metrics.dry_run_denied();
                 return ResponseFuture::forward(inner, req, shared.mode.allowed_headers(|| report));
             }
-            tracing::debug!(tier = %denied.name, "rate limit: rejected, tier denied");
             let violated = Violated::from_names([&*denied.name]);
             let rejection = Rejection::Limited(report, &denied.name, violated);
             ResponseFuture::rejected(shared.mode.reject(&req, rejection))
@@ -421,20 +410,9 @@ where
     X: Keyed,
     M: RejectionMode<Req, S>,
 {
-    bump(&shared.counters.unknown_tier);
-    shared.metrics.unknown_tier();
-    if let Some(held) = shared.logs.unknown_tier.admit() {
-        match shared.loggable_key(key) {
-            Some(key) => {
-                tracing::warn!(%key, dry_run = shared.dry_run, held_back = held, "rate limit: request of a tier the table does not have")
-            }
-            None => tracing::warn!(
-                dry_run = shared.dry_run,
-                held_back = held,
-                "rate limit: request of a tier the table does not have"
-            ),
-        }
-    }
+    let logged = shared.loggable_key(key);
+    let logged = logged.as_ref().map(|k| k as &dyn std::fmt::Display);
+    shared.events.unknown_tier(logged, shared.dry_run);
     if shared.dry_run {
         return ResponseFuture::forwarded(inner.call(req));
     }

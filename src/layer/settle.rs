@@ -215,8 +215,8 @@ where
     fn settle_to(&self, book: &mut Book, units: u32, source: Source) {
         let key = &self.key;
         // The key in the events only when the layer logs keys.
-        let logged = self.shared.loggable_key(key);
-        let logged = logged.as_ref().map(tracing::field::display);
+        let shown = self.shared.loggable_key(key);
+        let logged = shown.as_ref().map(tracing::field::display);
         for (entry, limit) in book.entries.iter_mut().zip(self.policies.limits.iter()) {
             let Entry {
                 reservation: Some(reservation),
@@ -265,9 +265,8 @@ where
                 }
                 if got < want {
                     limit.settled.uncharged(want - got);
-                    if let Some(held) = self.shared.logs.uncharged.admit() {
-                        tracing::warn!(policy = %limit.name, key = logged, units = want - got, held_back = held, "rate limit: an excess could not be charged (the store counts no units past its limit)");
-                    }
+                    let key = shown.as_ref().map(|k| k as &dyn std::fmt::Display);
+                    self.shared.events.uncharged(&limit.name, key, want - got);
                 }
                 tracing::debug!(policy = %limit.name, key = logged, reserved = self.reserved, settled = units, charged = got, by = source.as_str(), "rate limit: settled");
             }

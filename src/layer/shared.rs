@@ -1,6 +1,7 @@
 //! The layer and the state every clone and service shares: built once, in
 //! [`build`](crate::SlidingWindowLayerBuilder), behind one `Arc`.
 
+use super::events::LayerEvents;
 use super::local::{AsLocal, LayerQueues};
 use super::settle::SettleConfig;
 use super::tiers::TierHandle;
@@ -8,13 +9,11 @@ pub(crate) use super::tiers::{Policies, TierState};
 use crate::error::ConfigError;
 use crate::extract::{KeyOf, Keyed, NamesTiers};
 use crate::limiter::Limiter;
-use crate::log::LayerLogs;
-use crate::metrics::LayerMetrics;
 use crate::store::Store;
 use crate::tier::{TierLimits, Tiers};
 use crate::wait::{WaitConfig, WaitStats};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use std::sync::Arc;
 
 use super::rejection::HttpRejection;
@@ -154,14 +153,6 @@ pub struct LayerStats {
     pub unknown_tier: u64,
 }
 
-#[derive(Default)]
-pub(crate) struct LayerCounters {
-    pub(crate) dry_run_rejections: AtomicU64,
-    pub(crate) key_missing: AtomicU64,
-    pub(crate) store_errors: AtomicU64,
-    pub(crate) unknown_tier: AtomicU64,
-}
-
 pub(crate) type KeyFormatter<K> =
     Arc<dyn Fn(&K, &mut fmt::Formatter<'_>) -> fmt::Result + Send + Sync>;
 
@@ -181,11 +172,8 @@ pub(crate) struct Shared<X: Keyed, St, M> {
     pub(crate) hold: Hold,
     pub(crate) dry_run: bool,
     pub(crate) key_formatter: Option<KeyFormatter<KeyOf<X>>>,
-    pub(crate) counters: LayerCounters,
-    /// What the layer does besides deciding, for the `metrics` recorder.
-    pub(crate) metrics: LayerMetrics,
-    /// Events logged per request, each at most once a second.
-    pub(crate) logs: LayerLogs,
+    /// What the layer does besides deciding: counters, metrics, logs.
+    pub(crate) events: LayerEvents,
     /// The wait queues of `OnLimit::Wait` and backpressure.
     pub(crate) wait: LayerQueues<KeyOf<X>>,
     /// How the waiting modes reach a store as an in-memory limiter: set by the
@@ -421,13 +409,7 @@ impl<X: Keyed, St, M> SlidingWindowLayer<X, St, M> {
 
     /// The layer's own counters (dry-run rejections, missing keys, store errors).
     pub fn stats(&self) -> LayerStats {
-        let c = &self.shared.counters;
-        LayerStats {
-            dry_run_rejections: c.dry_run_rejections.load(Relaxed),
-            key_missing: c.key_missing.load(Relaxed),
-            store_errors: c.store_errors.load(Relaxed),
-            unknown_tier: c.unknown_tier.load(Relaxed),
-        }
+        self.shared.events.stats()
     }
 
     /// The table of tiers in force (`None` for a layer of policies).

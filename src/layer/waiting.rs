@@ -201,11 +201,11 @@ where
     };
     if let Some(result) = waiter.take_decided() {
         if result.is_err() {
-            shared.metrics.wait_rejected();
+            shared.events.wait_rejected();
         }
         return respond_now(shared, inner, req, &key, cost, result);
     }
-    let started = shared.metrics.wait_started();
+    let started = shared.events.wait_started();
     // A clone, readied only once the request is admitted. The instance
     // poll_ready readied is dropped (a fresh clone takes its place), giving back
     // what it reserved, a ConcurrencyLimit permit or a Buffer slot: a waiting
@@ -221,7 +221,7 @@ where
             let admitted = match (&mut waiter).await {
                 Ok(admitted) => admitted,
                 Err(rejection) => {
-                    shared.metrics.wait_rejected();
+                    shared.events.wait_rejected();
                     break (Err(rejection), None);
                 }
             };
@@ -239,7 +239,7 @@ where
             }
             let admitted = unsent.disarm();
             if shared.is_current(&admitted) {
-                shared.metrics.waited(started);
+                shared.events.waited(started);
                 break (Ok(admitted), None);
             }
             // Ready only after its bucket: sent now, the request would count in
