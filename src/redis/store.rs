@@ -92,17 +92,18 @@ impl Inner {
                     self.events.unreturned(back.units);
                 }
                 let error = self.note_failure(failure, probe, sent);
-                self.apply_policy(&user, cost, error)
+                self.apply_policy(&user, cost, || error)
             }
         }
     }
 
-    /// The failure policy's answer to a decision Redis could not make.
+    /// The failure policy's answer to a decision Redis could not make;
+    /// failing closed, the error `error` makes.
     pub(super) fn apply_policy(
         &self,
         user: &Vec<u8>,
         cost: u32,
-        error: StoreError,
+        error: impl FnOnce() -> StoreError,
     ) -> Result<Decision, StoreError> {
         match &self.failure {
             FailurePolicy::Open => {
@@ -111,7 +112,7 @@ impl Inner {
             }
             FailurePolicy::Closed => {
                 self.events.failed(false);
-                Err(error)
+                Err(error())
             }
             FailurePolicy::Fallback(_) => Ok(self.fallback_decision(user, cost)),
         }
@@ -140,22 +141,14 @@ impl Inner {
         remaining: Duration,
     ) -> Result<Decision, StoreError> {
         bump(&breaker.answered);
-        match &self.failure {
-            FailurePolicy::Open => {
-                self.events.failed(true);
-                Ok(Decision::allow_unchecked(self.limit))
+        self.apply_policy(user, cost, || {
+            let retry_after = self.closed_retry_after.max(remaining);
+            match breaker.cause() {
+                Some(cause) => cause.with_retry_after(retry_after),
+                None => StoreError::new(StoreErrorKind::Other, retry_after)
+                    .with_source("the Redis circuit breaker is open"),
             }
-            FailurePolicy::Closed => {
-                self.events.failed(false);
-                let retry_after = self.closed_retry_after.max(remaining);
-                Err(match breaker.cause() {
-                    Some(cause) => cause.with_retry_after(retry_after),
-                    None => StoreError::new(StoreErrorKind::Other, retry_after)
-                        .with_source("the Redis circuit breaker is open"),
-                })
-            }
-            FailurePolicy::Fallback(_) => Ok(self.fallback_decision(user, cost)),
-        }
+        })
     }
 
     /// Redis answered a call: the breaker's run of failures ends, and a probe
