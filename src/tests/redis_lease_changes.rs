@@ -5,20 +5,11 @@
 //! deterministic. Against private `redis-server`s: the tests are `#[ignore]`d
 //! like the other Redis tests; run them with `--include-ignored`.
 
+use super::redis_script::policy;
 use super::redis_support::*;
 use crate::redis::{Counted, Leases};
 use crate::{FailurePolicy, Policy, RedisStore};
 use std::time::Duration;
-
-/// `limit` per `window` in `buckets`, strict.
-fn policy(limit: u32, window: Duration, buckets: u32) -> Policy {
-    Policy::builder()
-        .limit(limit)
-        .window(window)
-        .buckets(buckets)
-        .build()
-        .unwrap()
-}
 
 /// An instance on `url`, with leases that take at most 1/`share`.
 fn instance(url: &str, policy: Policy, prefix: &str, share: u32) -> RedisStore {
