@@ -148,10 +148,6 @@ mod policy;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod ring;
-// The strict rule with each bucket's newest admission, stated once and
-// checked against an exact log; the stores still count each bucket until its
-// whole slot has left the window.
-#[cfg(test)]
 mod rule;
 mod stats;
 pub mod store;

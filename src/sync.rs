@@ -2,9 +2,9 @@
 //! loom models in `ring` explore every interleaving of the real code.
 
 #[cfg(tsw_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(tsw_loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Back off while another thread finishes resetting an idle ring.
 #[inline]

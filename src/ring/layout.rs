@@ -1,13 +1,15 @@
-//! How a ring's words are packed, in two layouts:
+//! How a ring's words are packed. Every bucket is one 64-bit word: the
+//! offset of its newest admission inside its slot (16 bits, see
+//! `crate::rule`), a 16-bit slot tag and a 32-bit count, so that a count and
+//! the offset that covers it change in one compare-and-swap. Heads come in
+//! two layouts:
 //!
-//! - [`Compact`]: 32-bit buckets (a 16-bit slot tag, a 16-bit count) and one
-//!   64-bit head word holding the newest slot (46 bits), the flags and the
-//!   base count (16 bits). 72 bytes for the default 16 buckets. For limits up
-//!   to 65 535 and buckets of at least 16.4 µs (2^46 of them then reach as far
-//!   as the wide layout's 2^60 one-nanosecond slots: 36 years).
-//! - [`Wide`]: 64-bit buckets (a 32-bit tag, a 32-bit count), a 64-bit
-//!   newest word and a 64-bit base word of its own. 144 bytes for 16 buckets.
-//!   Any limit, any bucket width.
+//! - [`Compact`]: one 64-bit head word holding the newest slot (46 bits),
+//!   the flags and the base count (16 bits). For limits up to 65 535 and
+//!   buckets of at least 16.4 µs (2^46 of them then reach as far as the wide
+//!   layout's 2^60 one-nanosecond slots: 36 years).
+//! - [`Wide`]: a 64-bit newest word and a 64-bit base word of its own. Any
+//!   limit, any bucket width.
 //!
 //! The protocol (`ring/mod.rs`) is the same for both; it reaches the words
 //! through [`Bucket`] and [`Head`]. Tags are slot numbers modulo 2^`TAG_BITS`,
@@ -18,7 +20,7 @@
 
 #[cfg(not(tsw_loom))]
 use crate::sync::Ordering::Relaxed;
-use crate::sync::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use crate::sync::{AtomicU64, Ordering::SeqCst};
 use std::fmt::Debug;
 
 /// Set in the head while an idle ring is reset.
@@ -26,8 +28,9 @@ pub(crate) const RESETTING: u64 = 1 << 63;
 /// The head's flags (bit 62 is unused: slots stay below it).
 pub(crate) const FLAGS: u64 = RESETTING;
 
-/// One bucket: a slot tag in the high `TAG_BITS` of the word, a count in
-/// the low `COUNT_BITS`. Values travel as `u64`, whatever the width.
+/// One bucket: a count in the low `COUNT_BITS` of the word, a slot tag in
+/// the `TAG_BITS` above, and the newest admission's offset in the 16 bits
+/// above those ([`offset`]). Values travel as `u64`.
 pub(crate) trait Bucket: Send + Sync + Debug + Sized + 'static {
     const TAG_BITS: u32;
     const COUNT_BITS: u32;
@@ -48,7 +51,7 @@ pub(crate) trait Bucket: Send + Sync + Debug + Sized + 'static {
 }
 
 /// A cache line of bucket words: rings live in slices of these, so that a
-/// ring of 16 compact buckets (or 8 wide ones) fills exactly one line.
+/// ring of 8 buckets fills exactly one line.
 pub(crate) trait Line<B>: Send + Sync + Debug + Sized + 'static {
     const WORDS: usize;
     fn new() -> Self;
@@ -64,62 +67,10 @@ pub(crate) trait Line<B>: Send + Sync + Debug + Sized + 'static {
     fn sum_ages(&self, s: u64, from: u64, counted: u64) -> (u64, u64);
 }
 
-/// [`Line::sum_ages`] for a line of `$bucket`s, loaded as `$word`s: ages in
-/// 32 bits (every layout's tag fits), counts summed in `$sum`, which holds a
-/// line's (16 counts of 16 bits, 8 of 32). `counted` is at most
-/// `Policy::MAX_BUCKETS` + 1.
-macro_rules! sum_ages {
-    ($line:expr, $bucket:ty, $word:ty, $sum:ty, $s:expr, $from:expr, $counted:expr) => {{
-        let cells: [$word; Self::WORDS] = std::array::from_fn(|i| $line.0[i].load(SeqCst));
-        let tag_mask = u32::MAX >> (32 - <$bucket as Bucket>::TAG_BITS);
-        let count_mask = count_max::<$bucket>() as u32;
-        let (s, from, counted) = ($s as u32, $from as u32, $counted as u32);
-        let (mut used, mut ages): ($sum, u32) = (0, 0);
-        for cell in cells {
-            let a = s.wrapping_sub((cell >> <$bucket as Bucket>::COUNT_BITS) as u32) & tag_mask;
-            ages |= a;
-            // A mask, not a branch (which words count follows no pattern a
-            // branch predictor learns): all ones when `x = a - from`
-            // (wrapping) is below `counted`. `x - counted` then wraps and
-            // sets its top bit; it also does for `x` from 2^31 + `counted`
-            // up (`counted` is far below 2^31), whose own top bit `& !x`
-            // clears.
-            let x = a.wrapping_sub(from);
-            let counts = ((x.wrapping_sub(counted) & !x) as i32 >> 31) as u32;
-            used += <$sum>::from(cell as u32 & count_mask & counts);
-        }
-        (used as u64, ages as u64)
-    }};
-}
-
-/// Sixteen compact buckets.
-#[derive(Debug)]
-#[repr(align(64))]
-pub(crate) struct Line32([AtomicU32; 16]);
-
-/// Eight wide buckets.
+/// Eight buckets.
 #[derive(Debug)]
 #[repr(align(64))]
 pub(crate) struct Line64([AtomicU64; 8]);
-
-impl Line<AtomicU32> for Line32 {
-    const WORDS: usize = 16;
-    fn new() -> Self {
-        Line32(std::array::from_fn(|_| AtomicU32::new(0)))
-    }
-    #[inline(always)]
-    fn word(&self, i: usize) -> &AtomicU32 {
-        &self.0[i % Self::WORDS]
-    }
-    #[inline(always)]
-    fn words(&self) -> &[AtomicU32] {
-        &self.0
-    }
-    #[inline(always)]
-    fn sum_ages(&self, s: u64, from: u64, counted: u64) -> (u64, u64) {
-        sum_ages!(self, AtomicU32, u32, u32, s, from, counted)
-    }
-}
 
 impl Line<AtomicU64> for Line64 {
     const WORDS: usize = 8;
@@ -134,46 +85,35 @@ impl Line<AtomicU64> for Line64 {
     fn words(&self) -> &[AtomicU64] {
         &self.0
     }
+    /// Ages in 32 bits (the tag fits), counts in 64. `counted` is at most
+    /// `Policy::MAX_BUCKETS` + 1.
     #[inline(always)]
     fn sum_ages(&self, s: u64, from: u64, counted: u64) -> (u64, u64) {
-        sum_ages!(self, AtomicU64, u64, u64, s, from, counted)
-    }
-}
-
-impl Bucket for AtomicU32 {
-    const TAG_BITS: u32 = 16;
-    const COUNT_BITS: u32 = 16;
-    type Line = Line32;
-    #[inline(always)]
-    fn load(&self) -> u64 {
-        AtomicU32::load(self, SeqCst) as u64
-    }
-    #[inline(always)]
-    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
-        AtomicU32::compare_exchange(self, current as u32, new as u32, SeqCst, SeqCst)
-            .map(u64::from)
-            .map_err(u64::from)
-    }
-    #[inline(always)]
-    fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64> {
-        AtomicU32::compare_exchange_weak(self, current as u32, new as u32, SeqCst, SeqCst)
-            .map(u64::from)
-            .map_err(u64::from)
-    }
-    fn swap(&self, value: u64) -> u64 {
-        AtomicU32::swap(self, value as u32, SeqCst) as u64
-    }
-    #[inline(always)]
-    fn store_unpublished(&self, value: u64) {
-        #[cfg(not(tsw_loom))]
-        AtomicU32::store(self, value as u32, Relaxed);
-        #[cfg(tsw_loom)]
-        AtomicU32::swap(self, value as u32, SeqCst);
+        let cells: [u64; Self::WORDS] = std::array::from_fn(|i| self.0[i].load(SeqCst));
+        let tag_mask = u32::MAX >> (32 - <AtomicU64 as Bucket>::TAG_BITS);
+        let count_mask = count_max::<AtomicU64>();
+        let (s, from, counted) = (s as u32, from as u32, counted as u32);
+        let (mut used, mut ages) = (0u64, 0u32);
+        for cell in cells {
+            let tag = (cell >> <AtomicU64 as Bucket>::COUNT_BITS) as u32;
+            let a = s.wrapping_sub(tag) & tag_mask;
+            ages |= a;
+            // A mask, not a branch (which words count follows no pattern a
+            // branch predictor learns): all ones when `x = a - from`
+            // (wrapping) is below `counted`. `x - counted` then wraps and
+            // sets its top bit; it also does for `x` from 2^31 + `counted`
+            // up (`counted` is far below 2^31), whose own top bit `& !x`
+            // clears.
+            let x = a.wrapping_sub(from);
+            let counts = ((x.wrapping_sub(counted) & !x) as i32 >> 31) as u32;
+            used += cell & count_mask & u64::from(counts);
+        }
+        (used, u64::from(ages))
     }
 }
 
 impl Bucket for AtomicU64 {
-    const TAG_BITS: u32 = 32;
+    const TAG_BITS: u32 = 16;
     const COUNT_BITS: u32 = 32;
     type Line = Line64;
     #[inline(always)]
@@ -206,15 +146,30 @@ pub(crate) fn count_max<B: Bucket>() -> u64 {
     (1 << B::COUNT_BITS) - 1
 }
 
-/// A bucket word holding `count` units for `slot` (its low `TAG_BITS`).
+/// Where a bucket word keeps its newest admission's offset.
+const OFFSET_SHIFT: u32 = 48;
+
+/// A bucket word holding `count` units for `slot` (its low `TAG_BITS`), the
+/// newest of them admitted no later than the end of the slot: the offset a
+/// bucket gets when nothing says its units came earlier (counts seeded or
+/// carried over).
 #[inline(always)]
 pub(crate) fn pack<B: Bucket>(slot: u64, count: u64) -> u64 {
-    let word = if B::TAG_BITS + B::COUNT_BITS == 64 {
-        u64::MAX
-    } else {
-        (1 << (B::TAG_BITS + B::COUNT_BITS)) - 1
-    };
-    ((slot << B::COUNT_BITS) & word) | count
+    pack_at::<B>(slot, count, u16::MAX)
+}
+
+/// A bucket word holding `count` units for `slot`, the newest admitted at
+/// `offset` (in 1/2^16 of the slot, see `crate::rule`).
+#[inline(always)]
+pub(crate) fn pack_at<B: Bucket>(slot: u64, count: u64, offset: u16) -> u64 {
+    let tag = (slot & ((1 << B::TAG_BITS) - 1)) << B::COUNT_BITS;
+    (u64::from(offset) << OFFSET_SHIFT) | tag | count
+}
+
+/// The offset of the newest admission `cell` holds.
+#[inline(always)]
+pub(crate) fn offset(cell: u64) -> u16 {
+    (cell >> OFFSET_SHIFT) as u16
 }
 
 #[inline(always)]
@@ -300,7 +255,7 @@ impl Compact {
 }
 
 impl Head for Compact {
-    type Bucket = AtomicU32;
+    type Bucket = AtomicU64;
     const MAX_SLOT: u64 = (1 << COMPACT_BASE_SHIFT) - 1;
 
     fn new(s: u64, base: Option<u64>) -> Self {
@@ -367,7 +322,21 @@ impl Wide {
     #[inline(always)]
     fn base_word(s: u64, base: Option<u64>) -> u64 {
         let base = base.filter(|&b| b < WIDE_NO_BASE).unwrap_or(WIDE_NO_BASE);
-        pack::<AtomicU64>(s, base)
+        (s << 32) | base
+    }
+
+    /// How far the slot `cell` is the base of lies behind `s`, as a signed
+    /// 32-bit difference (the base word keeps 32 bits of its slot, more
+    /// than a bucket's tag: a base is compared with the head's slot at any
+    /// distance a descheduled thread may leave between them).
+    #[inline(always)]
+    fn base_age(s: u64, cell: u64) -> i64 {
+        i64::from(((s as u32).wrapping_sub((cell >> 32) as u32)) as i32)
+    }
+
+    #[inline(always)]
+    fn base_count(cell: u64) -> u64 {
+        cell & u64::from(u32::MAX)
     }
 }
 
@@ -396,8 +365,8 @@ impl Head for Wide {
     #[inline(always)]
     fn base(&self, raw: u64) -> Option<u64> {
         let base = self.base.load(SeqCst);
-        let c = count::<AtomicU64>(base);
-        (age::<AtomicU64>(raw, base) == 0 && c != WIDE_NO_BASE).then_some(c)
+        let c = Wide::base_count(base);
+        (Wide::base_age(raw, base) == 0 && c != WIDE_NO_BASE).then_some(c)
     }
     #[inline(always)]
     fn advanced(s: u64) -> u64 {
@@ -407,7 +376,7 @@ impl Head for Wide {
         // Only over the base of an older slot: a base of `s` already there
         // (one forgotten meanwhile) stays.
         let mut cell = self.base.load(SeqCst);
-        while age::<AtomicU64>(s, cell) > 0 {
+        while Wide::base_age(s, cell) > 0 {
             match self
                 .base
                 .compare_exchange_weak(cell, Wide::base_word(s, base), SeqCst, SeqCst)
@@ -419,7 +388,7 @@ impl Head for Wide {
     }
     fn forget_base(&self, newest: u64) {
         let base = self.base.load(SeqCst);
-        if age::<AtomicU64>(newest, base) == 0 && count::<AtomicU64>(base) != WIDE_NO_BASE {
+        if Wide::base_age(newest, base) == 0 && Wide::base_count(base) != WIDE_NO_BASE {
             let _ = self
                 .base
                 .compare_exchange(base, Wide::base_word(newest, None), SeqCst, SeqCst);
@@ -441,10 +410,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn narrow_tags_compare_by_signed_16_bit_difference() {
-        type B = AtomicU32;
-        let cell = pack::<B>(65_530, 7);
+    fn tags_compare_by_signed_16_bit_difference() {
+        type B = AtomicU64;
+        let cell = pack_at::<B>(65_530, 7, 123);
         assert_eq!(count::<B>(cell), 7);
+        assert_eq!(offset(cell), 123);
         assert_eq!(age::<B>(65_530, cell), 0);
         // Across the 2^16 boundary: slot 65 540 is 10 slots after 65 530.
         assert_eq!(age::<B>(65_540, cell), 10);
@@ -456,15 +426,23 @@ mod tests {
         );
         // 2^16 slots on, the tag is the same: the protocol never lets that happen.
         assert_eq!(age::<B>(65_530 + (1 << 16), cell), 0);
+        // A count of 32 bits, and the offset, leave the tag alone.
+        let full = pack_at::<B>(3, u64::from(u32::MAX), u16::MAX);
+        assert_eq!(count::<B>(full), u64::from(u32::MAX));
+        assert_eq!(age::<B>(3, full), 0);
+        assert_eq!(offset(full), u16::MAX);
+        // Without an offset said, the slot's end.
+        assert_eq!(offset(pack::<B>(3, 1)), u16::MAX);
     }
 
     #[test]
-    fn wide_tags_compare_by_signed_32_bit_difference() {
-        type B = AtomicU64;
-        let cell = pack::<B>((1 << 32) - 3, 9);
-        assert_eq!(count::<B>(cell), 9);
-        assert_eq!(age::<B>((1 << 32) + 4, cell), 7);
-        assert_eq!(age::<B>((1 << 32) - 5, cell), -2);
+    fn the_wide_base_compares_32_bits_of_its_slot() {
+        let head = Wide::new((1 << 32) - 3, Some(9));
+        assert_eq!(head.base((1 << 32) - 3), Some(9));
+        // 2^16 slots on (a bucket's tag would match): not this base.
+        assert_eq!(head.base((1 << 32) - 3 + (1 << 16)), None);
+        head.publish_base((1 << 32) + 4, Some(5));
+        assert_eq!(head.base((1 << 32) + 4), Some(5));
     }
 
     /// `Line::sum_ages` as `Ring::sum` defines it word by word.
@@ -476,7 +454,7 @@ mod tests {
         })
     }
 
-    fn a_line_sums_as_its_words_one_by_one<B: Bucket>(line: &B::Line) {
+    fn sums_as_words_one_by_one<B: Bucket>(line: &B::Line) {
         let mut next = crate::ring::splitmix64(0x9E37_79B9_7F4A_7C15);
         for _ in 0..20_000 {
             // Slots anywhere, near the tags' wrap-around too; tags mostly
@@ -491,13 +469,15 @@ mod tests {
                         1 => (next() % 4).wrapping_neg(),
                         _ => next() % (n + 2),
                     };
-                    pack::<B>(s.wrapping_sub(back), next() & count_max::<B>())
+                    let offset = next() as u16;
+                    pack_at::<B>(s.wrapping_sub(back), next() & count_max::<B>(), offset)
                 })
                 .collect();
             for (i, &cell) in cells.iter().enumerate() {
                 line.word(i).swap(cell);
             }
-            let counted = n + 1 - from;
+            // The whole span, or all but its oldest bucket.
+            let counted = n + 1 - from - next() % 2;
             assert_eq!(
                 line.sum_ages(s, from, counted),
                 sum_word_by_word::<B>(&cells, s, from, counted),
@@ -507,13 +487,8 @@ mod tests {
     }
 
     #[test]
-    fn a_compact_line_sums_as_its_words_one_by_one() {
-        a_line_sums_as_its_words_one_by_one::<AtomicU32>(&Line32::new());
-    }
-
-    #[test]
-    fn a_wide_line_sums_as_its_words_one_by_one() {
-        a_line_sums_as_its_words_one_by_one::<AtomicU64>(&Line64::new());
+    fn a_line_sums_as_its_words_one_by_one() {
+        sums_as_words_one_by_one::<AtomicU64>(&Line64::new());
     }
 
     #[test]

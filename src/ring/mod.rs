@@ -25,8 +25,11 @@ pub(crate) mod layout;
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
+use crate::rule::{newest_into, offset_multiplier, offset_of};
 use crate::sync::{order_write_before_reads, spin};
-use layout::{age, age_bits, count, count_max, normalize_age, pack, FLAGS, RESETTING};
+use layout::{
+    age, age_bits, count, count_max, normalize_age, offset, pack, pack_at, FLAGS, RESETTING,
+};
 pub(crate) use layout::{Bucket, Compact, Head, Line, Wide};
 
 /// Attempts before a check gives up and denies (the safe side). Only reached under
@@ -76,6 +79,8 @@ pub(crate) struct Geometry {
     mask: u64,
     /// The latest clock reading taken as is ([`Geometry::hold`]).
     max_now: u64,
+    /// Scales a time into a slot to a bucket's newest offset (`crate::rule`).
+    offset_mul: u64,
 }
 
 impl Geometry {
@@ -92,6 +97,7 @@ impl Geometry {
             precision: policy.precision(),
             mask: if (n + 1).is_power_of_two() { n } else { 0 },
             max_now: 0,
+            offset_mul: offset_multiplier(width),
         }
         .for_head::<Wide>()
     }
@@ -126,6 +132,22 @@ impl Geometry {
     #[inline]
     pub(crate) fn slot(&self, now: u64) -> u64 {
         now / self.width
+    }
+
+    /// The newest offset of a unit counted at slot `s` by a check at `now`
+    /// (`now` no later than slot `s`): where `now` lies in the slot, or its
+    /// start for a clock that reads behind it (the unit then counts as
+    /// admitted at the start: later than it was, the safe side).
+    #[inline(always)]
+    fn offset_at(&self, s: u64, now: u64) -> u16 {
+        offset_of(now.saturating_sub(s * self.width), self.offset_mul)
+    }
+
+    /// The instant the units of the bucket of slot `x`, the newest admitted
+    /// at `offset`, have all left the window: its newest admission plus W.
+    #[inline(always)]
+    fn leaves(&self, x: u64, offset: u16) -> u64 {
+        (x + self.n) * self.width + newest_into(offset, self.width)
     }
 
     /// `slot(now) <= slot`, by a multiplication instead of a division.
@@ -214,6 +236,18 @@ fn slot_of<H: Head>(raw: u64) -> u64 {
     H::newest(raw) & !FLAGS
 }
 
+/// The newest offset of slot `s`'s bucket, read as `cell`, after an add at
+/// offset `at`: the later of the two while the bucket holds `s`, else `at`
+/// (a bucket of an older slot starts over).
+#[inline(always)]
+fn newest_offset<B: Bucket>(s: u64, cell: u64, at: u16) -> u16 {
+    if age::<B>(s, cell) == 0 {
+        offset(cell).max(at)
+    } else {
+        at
+    }
+}
+
 /// The units `cell` holds for slot `s` if written now: its count when it holds
 /// `s`, 0 when it holds an older slot (it would be replaced), `None` when it
 /// already holds a newer one.
@@ -233,6 +267,8 @@ struct Scan {
     used: u64,
     /// Units at age `N` (the oldest bucket, weighted in interpolated mode).
     oldest: u64,
+    /// The newest offset of the bucket at age `N`.
+    oldest_offset: u16,
     /// Smallest age holding any units.
     youngest: Option<u64>,
     /// A bucket carried a tag newer than `s`.
@@ -451,11 +487,47 @@ impl<'a, H: Head> Ring<'a, H> {
             if self.moved_on(s) {
                 return None;
             }
-            return Some(self.denied_strict(g, s, now, cost, used - cost as u64, current));
+            // The base counts the oldest bucket in full; once its newest
+            // admission has left the window, the full protocol counts the
+            // span without it.
+            let gone = self.oldest_gone(g, s, now);
+            if gone > 0 && used.saturating_sub(gone) <= g.limit as u64 {
+                return None;
+            }
+            return Some(self.denied_strict(g, s, now, cost, used - cost as u64, &at));
         }
         // `current + cost <= limit`, which every layout's count holds.
-        self.count_at_newest(g, &at, cost)
-            .then(|| admitted(g, g.limit as u64, used, s, now, cost))
+        let newest = self.count_at_newest(g, &at, now, cost)?;
+        Some(admitted(g, g.limit as u64, used, s, now, cost, newest))
+    }
+
+    /// The units of the oldest bucket of slot `s`'s span (slot `s - N`) if
+    /// its newest admission has left the window at `now`: a strict check
+    /// then no longer counts them. 0 while any of them may be inside it.
+    ///
+    /// Every unit admitted at slot `s - N` was counted with an offset at or
+    /// after its check's clock, by the same compare-and-swap, so one load
+    /// sees each admitted unit with an offset at least as late. A unit added
+    /// there once the head has left `s - N` is taken back, never admitted.
+    #[inline(always)]
+    fn oldest_gone(&self, g: &Geometry, s: u64, now: u64) -> u64 {
+        let (units, newest) = self.units_and_offset_at_age(g, s, g.n);
+        if units > 0 && now >= g.leaves(s - g.n, newest) {
+            units
+        } else {
+            0
+        }
+    }
+
+    /// [`units_at_age`](Self::units_at_age), with the bucket's newest offset.
+    #[inline(always)]
+    fn units_and_offset_at_age(&self, g: &Geometry, s: u64, a: u64) -> (u64, u16) {
+        let cell = self.bucket(g, s + g.len - a).load();
+        if age_bits::<H::Bucket>(s.wrapping_sub(a), cell) == 0 && a <= s {
+            (count::<H::Bucket>(cell), offset(cell))
+        } else {
+            (0, u16::MAX)
+        }
     }
 
     /// The reads [`admit_at_newest`](Self::admit_at_newest) decides from:
@@ -483,24 +555,28 @@ impl<'a, H: Head> Ring<'a, H> {
     }
 
     /// Count `cost` at the newest slot, from the reads in `at`: one CAS of
-    /// its bucket, then step 4. False (nothing counted) when the bucket
-    /// changed since its load or the head has moved on.
+    /// its bucket (the count and the bucket's newest offset together), then
+    /// step 4. The bucket's newest offset after the add, or `None` (nothing
+    /// counted) when the bucket changed since its load or the head has moved
+    /// on.
     #[inline(always)]
-    fn count_at_newest(&self, g: &Geometry, at: &AtNewest<'a, H::Bucket>, cost: u32) -> bool {
+    fn count_at_newest(
+        &self,
+        g: &Geometry,
+        at: &AtNewest<'a, H::Bucket>,
+        now: u64,
+        cost: u32,
+    ) -> Option<u16> {
         // The caller has bounded `current + cost` by the bucket's count.
-        if at
-            .bucket
-            .compare_exchange(at.cell, pack::<H::Bucket>(at.s, at.current + cost as u64))
-            .is_err()
-        {
-            return false;
-        }
+        let newest = newest_offset::<H::Bucket>(at.s, at.cell, g.offset_at(at.s, now));
+        let next = pack_at::<H::Bucket>(at.s, at.current + cost as u64, newest);
+        at.bucket.compare_exchange(at.cell, next).ok()?;
         order_write_before_reads();
         if self.moved_on(at.s) {
             self.take_back(g, at.s, cost);
-            return false;
+            return None;
         }
-        true
+        Some(newest)
     }
 
     /// [`admit_at_newest`](Self::admit_at_newest) in interpolated mode: the
@@ -536,10 +612,8 @@ impl<'a, H: Head> Ring<'a, H> {
         if at.current + cost as u64 > count_max::<H::Bucket>() {
             return None;
         }
-        if !self.count_at_newest(g, at, cost) {
-            return None;
-        }
-        Some(admitted(g, room, used, s, now, cost))
+        let newest = self.count_at_newest(g, at, now, cost)?;
+        Some(admitted(g, room, used, s, now, cost, newest))
     }
 
     /// The units recorded at slot `s - a` (`a <= N`): its bucket lies `a`
@@ -548,12 +622,7 @@ impl<'a, H: Head> Ring<'a, H> {
     /// before slot 0).
     #[inline(always)]
     fn units_at_age(&self, g: &Geometry, s: u64, a: u64) -> u64 {
-        let cell = self.bucket(g, s + g.len - a).load();
-        if age_bits::<H::Bucket>(s.wrapping_sub(a), cell) == 0 {
-            count::<H::Bucket>(cell)
-        } else {
-            0
-        }
+        self.units_and_offset_at_age(g, s, a).0
     }
 
     /// [`denied`](Self::denied) for interpolated mode, from the reads in `at`
@@ -611,20 +680,26 @@ impl<'a, H: Head> Ring<'a, H> {
                 continue;
             };
             let strict = g.precision == Precision::Strict && cost > 0;
-            let cell = match self.add(g, s, cost) {
+            let cell = match self.add(g, s, now, cost) {
                 Add::Added(cell) => cell,
                 Add::Newer => continue,
                 Add::Overflow => return self.denied(g, s, now, cost),
             };
             order_write_before_reads();
             if strict {
-                if let Some(used) = self.span_count(g, s, count::<H::Bucket>(cell)) {
+                if let Some(mut used) = self.span_count(g, s, count::<H::Bucket>(cell)) {
+                    if used > g.limit as u64 {
+                        // The oldest bucket may have left the window.
+                        if let Some(without) = self.span_without_gone_oldest(g, s, now) {
+                            used = used.min(without);
+                        }
+                    }
                     if self.moved_on(s) {
                         self.take_back(g, s, cost);
                         continue;
                     }
                     if used <= g.limit as u64 {
-                        return admitted(g, g.limit as u64, used, s, now, cost);
+                        return admitted(g, g.limit as u64, used, s, now, cost, offset(cell));
                     }
                     self.take_back(g, s, cost);
                     // Others' units at `s`: the count the add left, less this
@@ -633,7 +708,7 @@ impl<'a, H: Head> Ring<'a, H> {
                     let used = used - cost as u64;
                     // Out of line, as all of this loop: the walk covers the
                     // common denial's case too.
-                    return self.denied_strict_walk(g, s, now, cost, used, current);
+                    return self.denied_strict_walk(g, s, now, cost, used, current, offset(cell));
                 }
             }
             let scan = self.scan(g, s);
@@ -687,13 +762,14 @@ impl<'a, H: Head> Ring<'a, H> {
                 if next == current {
                     return None;
                 }
-                match bucket.compare_exchange_weak(cell, pack::<H::Bucket>(s, next)) {
-                    Ok(_) => break Some(((next - current) as u32, next)),
+                let newest = newest_offset::<H::Bucket>(s, cell, g.offset_at(s, now));
+                match bucket.compare_exchange_weak(cell, pack_at::<H::Bucket>(s, next, newest)) {
+                    Ok(_) => break Some(((next - current) as u32, next, newest)),
                     Err(actual) => cell = actual,
                 }
             };
             // A bucket already of a newer slot: start over there.
-            let Some((added, current)) = added else {
+            let Some((added, current, newest)) = added else {
                 continue;
             };
             order_write_before_reads();
@@ -702,7 +778,7 @@ impl<'a, H: Head> Ring<'a, H> {
                 continue;
             }
             let used = self.span_count(g, s, current).unwrap_or(g.limit as u64);
-            let mut d = admitted(g, used.max(g.limit as u64), used, s, now, added);
+            let mut d = admitted(g, used.max(g.limit as u64), used, s, now, added, newest);
             d.remaining = (g.limit as u64).saturating_sub(used) as u32;
             return Some(d);
         }
@@ -824,6 +900,16 @@ impl<'a, H: Head> Ring<'a, H> {
         self.head.publish_base(s, older);
     }
 
+    /// The units in the span `s-N+1 ..= s`, read bucket by bucket, when the
+    /// oldest bucket `s-N` has left the window at `now`; `None` while it has
+    /// not (or the ring needs a full [`scan`](Self::scan)).
+    fn span_without_gone_oldest(&self, g: &Geometry, s: u64, now: u64) -> Option<u64> {
+        if self.oldest_gone(g, s, now) == 0 {
+            return None;
+        }
+        self.sum_ages(g, s, 0, g.n)
+    }
+
     /// The units in the span `s-N ..= s`, given `current` units at slot `s`: from
     /// the base when the head holds `s` with a known base, else from a sum over
     /// the ring; `None` when the ring needs a full [`scan`](Self::scan).
@@ -838,9 +924,10 @@ impl<'a, H: Head> Ring<'a, H> {
         self.sum(g, s, 0)
     }
 
-    /// Step 2: add `cost` to slot `s`'s bucket.
-    fn add(&self, g: &Geometry, s: u64, cost: u32) -> Add {
+    /// Step 2: add `cost` to slot `s`'s bucket, with the offset of `now`.
+    fn add(&self, g: &Geometry, s: u64, now: u64, cost: u32) -> Add {
         let bucket = self.bucket(g, s);
+        let at = g.offset_at(s, now);
         let mut cell = bucket.load();
         loop {
             let Some(current) = units_at::<H::Bucket>(s, cell) else {
@@ -850,7 +937,7 @@ impl<'a, H: Head> Ring<'a, H> {
             if next > count_max::<H::Bucket>() {
                 return Add::Overflow;
             }
-            let next = pack::<H::Bucket>(s, next);
+            let next = pack_at::<H::Bucket>(s, next, newest_offset::<H::Bucket>(s, cell, at));
             match bucket.compare_exchange_weak(cell, next) {
                 Ok(_) => return Add::Added(next),
                 Err(actual) => cell = actual,
@@ -874,6 +961,7 @@ impl<'a, H: Head> Ring<'a, H> {
                     scan.youngest = Some(scan.youngest.map_or(a, |y| y.min(a)));
                     if a == g.n {
                         scan.oldest = c;
+                        scan.oldest_offset = offset(cell);
                     }
                 }
             } else {
@@ -907,12 +995,18 @@ impl<'a, H: Head> Ring<'a, H> {
     /// handles it). Branch-light.
     #[inline]
     fn sum(&self, g: &Geometry, s: u64, from: u64) -> Option<u64> {
+        self.sum_ages(g, s, from, g.n)
+    }
+
+    /// [`sum`](Self::sum) over ages `from..=to` (`to` at most N).
+    #[inline]
+    fn sum_ages(&self, g: &Geometry, s: u64, from: u64, to: u64) -> Option<u64> {
         let mut used = 0u64;
         // OR of all ages: below `normalize_age` exactly when every age is (N is
         // below it). Unsigned, a newer tag's negative age is at least twice
         // that, so this also catches newer tags.
         let mut ages = 0u64;
-        let ages_counted = g.n + 1 - from;
+        let ages_counted = to + 1 - from;
         let (len, words) = (g.ring_len(), LineOf::<H>::WORDS);
         if self.start % words == 0 && len % words == 0 {
             // A ring of whole lines (as the default 15 buckets make), a line
@@ -971,7 +1065,9 @@ impl<'a, H: Head> Ring<'a, H> {
         let bucket = self.bucket(g, s);
         let mut cell = bucket.load();
         while age::<H::Bucket>(s, cell) == 0 {
-            let next = pack::<H::Bucket>(s, count::<H::Bucket>(cell).saturating_sub(cost as u64));
+            // The newest offset stays: later than the units left, the safe side.
+            let remaining = count::<H::Bucket>(cell).saturating_sub(cost as u64);
+            let next = pack_at::<H::Bucket>(s, remaining, offset(cell));
             match bucket.compare_exchange_weak(cell, next) {
                 Ok(_) => {
                     let raw = self.head.load();
@@ -1083,26 +1179,28 @@ impl<'a, H: Head> Ring<'a, H> {
         now: u64,
         cost: u32,
         used: u64,
-        current: u64,
+        at: &AtNewest<'a, H::Bucket>,
     ) -> Decision {
+        let current = at.current;
         let need = used.saturating_sub((g.limit - cost) as u64);
-        // Units of age N leave the span first, when slot s + 1 begins; the units of
-        // age N - k when slot s + k + 1 does; those of age 0 last, when the span
-        // has moved a whole ring on. When the older units cannot free enough (a
-        // burst in this slot, the common denial), that is the answer without
-        // reading them, and the span drains at the same time.
+        // Buckets leave the span oldest first, each when its newest admission
+        // leaves the window; this slot's bucket last. When the older units
+        // cannot free enough (a burst in this slot, the common denial), that
+        // is the answer without reading them, and the span drains then too.
         let older = used.saturating_sub(current);
         if current > 0 && older < need {
-            let drained = g.drained_after(s, now);
+            let drained = g.leaves(s, offset(at.cell)).saturating_sub(now);
             return denial(g, s, g.limit as u64, used, drained.max(1), drained);
         }
-        self.denied_strict_walk(g, s, now, cost, used, current)
+        self.denied_strict_walk(g, s, now, cost, used, current, offset(at.cell))
     }
 
     /// [`denied_strict`](Self::denied_strict) when the older units may free
     /// enough, or this slot holds none: walk from the oldest bucket only until
     /// enough units have expired (usually one or two buckets), and from the
-    /// youngest until one holds units.
+    /// youngest until one holds units. `newest` is the offset of this
+    /// slot's bucket, as the check read it.
+    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn denied_strict_walk(
         &self,
@@ -1112,32 +1210,36 @@ impl<'a, H: Head> Ring<'a, H> {
         cost: u32,
         used: u64,
         current: u64,
+        newest: u16,
     ) -> Decision {
         let need = used.saturating_sub((g.limit - cost) as u64);
         let older = used.saturating_sub(current);
-        let len = g.ring_len();
-        let units_of_age = |a: usize| self.units_at_age(g, s, a as u64);
+        let at_age = |a: u64| self.units_and_offset_at_age(g, s, a);
         // Read from the oldest age until enough leave (under steady traffic,
-        // one read).
-        let mut fits_at = s + g.len;
+        // one read); else the cost fits when this slot's units leave.
+        let mut fits_at = g.leaves(s, newest);
         if older >= need {
             let mut freed = 0;
-            for k in 1..len {
-                freed += units_of_age(len - k);
-                if freed >= need {
-                    fits_at = s + k as u64;
+            for a in (1..=g.n).rev() {
+                let (units, newest) = at_age(a);
+                freed += units;
+                if units > 0 && freed >= need {
+                    fits_at = g.leaves(s - a, newest);
                     break;
                 }
             }
         }
-        // The youngest age holding units, for the reset.
+        // The youngest bucket holding units, for the reset.
         let youngest = if current > 0 {
-            Some(0)
+            Some(g.leaves(s, newest))
         } else {
-            (1..len).find(|&a| units_of_age(a) > 0).map(|a| a as u64)
+            (1..=g.n).find_map(|a| match at_age(a) {
+                (units, newest) if units > 0 => Some(g.leaves(s - a, newest)),
+                _ => None,
+            })
         };
-        let reset = youngest.map_or(0, |a| g.drained_after(s - a.min(s), now));
-        let retry_after = g.until_slot(fits_at, now).max(1);
+        let reset = youngest.map_or(0, |at| at.saturating_sub(now));
+        let retry_after = fits_at.saturating_sub(now).max(1);
         denial(g, s, g.limit as u64, used, retry_after, reset)
     }
 }
@@ -1177,6 +1279,8 @@ fn scan_from_counts(counts: &[u64], g: &Geometry) -> Scan {
     Scan {
         used: counts.iter().sum(),
         oldest: counts[g.n as usize],
+        // Read without its offset: as if admitted at its slot's end.
+        oldest_offset: u16::MAX,
         youngest: counts.iter().position(|&c| c > 0).map(|a| a as u64),
         newer: false,
     }
@@ -1193,6 +1297,13 @@ fn weighted(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> u128 {
     let w = g.width as u128;
     let total = (scan.used + extra) as u128 * w;
     match g.precision {
+        // The oldest bucket no longer counts once its newest admission has
+        // left the window.
+        Precision::Strict
+            if scan.oldest > 0 && s >= g.n && now >= g.leaves(s - g.n, scan.oldest_offset) =>
+        {
+            total - scan.oldest as u128 * w
+        }
         Precision::Strict => total,
         Precision::Interpolated => {
             // The window [now - W, now] still covers (w - elapsed) of the oldest bucket.
@@ -1220,16 +1331,25 @@ fn fits(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> bool {
 }
 
 /// An admission at slot `s` of `cost > 0` units, `used` units in the span
-/// counting them, of the `room` it may hold (as [`denial`]): they are the
-/// youngest, so the window drains one span after `s`.
+/// counting them, of the `room` it may hold (as [`denial`]): they are in the
+/// youngest bucket, whose newest offset is now `newest`, so the window
+/// drains when that admission leaves it.
 #[inline]
-fn admitted(g: &Geometry, room: u64, used: u64, s: u64, now: u64, cost: u32) -> Decision {
+fn admitted(
+    g: &Geometry,
+    room: u64,
+    used: u64,
+    s: u64,
+    now: u64,
+    cost: u32,
+    newest: u16,
+) -> Decision {
     Decision {
         outcome: Outcome::Allowed,
         limit: g.limit,
         remaining: (room - used) as u32,
         retry_after_ns: 0,
-        reset_ns: g.drained_after(s, now),
+        reset_ns: g.leaves(s, newest).saturating_sub(now),
         slot: s,
         cost,
         overflow: false,
@@ -1780,7 +1900,7 @@ mod tests {
         // ... while b moves the head to slot 2 (base 0) and is admitted ...
         assert!(ring.acquire(&g, 200 * MS, 1).is_allowed());
         // ... then a adds 5 units to slot 0's bucket, the oldest of slot 2.
-        assert!(matches!(ring.add(&g, s, 5), Add::Added(_)));
+        assert!(matches!(ring.add(&g, s, 50 * MS, 5), Add::Added(_)));
         // c weighs a's units, which the base never counted: denied, no panic.
         let d = ring.acquire(&g, 200 * MS, 2);
         assert_eq!(d.outcome(), Outcome::Denied, "{d:?}");
@@ -1826,7 +1946,7 @@ mod tests {
         assert!(ring.acquire(&g, 0, 1).is_allowed());
         // a checks 1 unit at 50 ms: enters slot 0 (step 1) and adds (step 2) ...
         let s = ring.enter(&g, 50 * MS).unwrap();
-        assert!(matches!(ring.add(&g, s, 1), Add::Added(_)));
+        assert!(matches!(ring.add(&g, s, 50 * MS, 1), Add::Added(_)));
         // ... when b enters slot 1 and publishes its base, a's unit included;
         // b is denied (racing checks may both be, the safe side).
         assert!(!ring.acquire(&g, 100 * MS, 1).is_allowed());
