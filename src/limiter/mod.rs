@@ -690,6 +690,13 @@ impl<K, C> Limiter<K, C> {
         }
     }
 
+    /// The latest sweep's instant: a check at the cap decides on the
+    /// overflow ring no earlier.
+    #[cfg(test)]
+    pub(crate) fn swept_at(&self) -> u64 {
+        with_state!(&self.state, state => state.swept_at.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     /// Rounds the background sweeper has finished.
     pub(crate) fn sweeper_rounds(&self) -> u64 {
         with_state!(&self.state, state => state.sweeper_rounds.load(std::sync::atomic::Ordering::SeqCst))

@@ -137,9 +137,13 @@ impl Geometry {
     /// The newest offset of a unit counted at slot `s` by a check at `now`
     /// (`now` no later than slot `s`): where `now` lies in the slot, or its
     /// start for a clock that reads behind it (the unit then counts as
-    /// admitted at the start: later than it was, the safe side).
+    /// admitted at the start: later than it was, the safe side). In
+    /// interpolated mode, which weighs buckets by their slots, the slot's end.
     #[inline(always)]
     fn offset_at(&self, s: u64, now: u64) -> u16 {
+        if self.precision == Precision::Interpolated {
+            return u16::MAX;
+        }
         offset_of(now.saturating_sub(s * self.width), self.offset_mul)
     }
 
@@ -148,6 +152,26 @@ impl Geometry {
     #[inline(always)]
     fn leaves(&self, x: u64, offset: u16) -> u64 {
         (x + self.n) * self.width + newest_into(offset, self.width)
+    }
+
+    /// Whether the oldest bucket of slot `s`'s span (slot `s - N`, `s >= N`),
+    /// its newest admitted at `offset`, has left the window of a check at
+    /// `now` run at slot `s`. A clock behind slot `s` is taken at the slot's
+    /// start, as the check's own units are ([`offset_at`](Self::offset_at)).
+    #[inline(always)]
+    fn oldest_left_at(&self, s: u64, offset: u16, now: u64) -> bool {
+        now.max(s * self.width) >= self.leaves(s - self.n, offset)
+    }
+
+    /// The time from `now` until instant `at`, for a check run at slot `s`:
+    /// 0 once `at` has passed, the clock behind slot `s` taken at its start.
+    #[inline(always)]
+    fn until(&self, at: u64, s: u64, now: u64) -> u64 {
+        if at <= now.max(s * self.width) {
+            0
+        } else {
+            at - now
+        }
     }
 
     /// `slot(now) <= slot`, by a multiplication instead of a division.
@@ -213,18 +237,6 @@ impl Geometry {
         s.wrapping_sub(self.age_at(s, p)).wrapping_sub(self.len)
     }
 
-    /// The time from `now` until slot `slot` begins (zero if it has).
-    #[inline]
-    fn until_slot(&self, slot: u64, now: u64) -> u64 {
-        slot.saturating_mul(self.width).saturating_sub(now)
-    }
-
-    /// The time from `now` until the units counted at slot `s` leave the window.
-    #[inline]
-    fn drained_after(&self, s: u64, now: u64) -> u64 {
-        self.until_slot(s + self.len, now)
-    }
-
     fn nanos_until(&self, slot_time: u128, now: u64) -> u64 {
         slot_time.saturating_sub(now as u128).min(u64::MAX as u128) as u64
     }
@@ -269,6 +281,11 @@ struct Scan {
     oldest: u64,
     /// The newest offset of the bucket at age `N`.
     oldest_offset: u16,
+    /// The newest offset of the youngest bucket holding units.
+    youngest_offset: u16,
+    /// The newest offset of slot `s`'s bucket, units or none (0 when the
+    /// bucket holds another slot).
+    current_offset: u16,
     /// Smallest age holding any units.
     youngest: Option<u64>,
     /// A bucket carried a tag newer than `s`.
@@ -494,7 +511,8 @@ impl<'a, H: Head> Ring<'a, H> {
             if gone > 0 && used.saturating_sub(gone) <= g.limit as u64 {
                 return None;
             }
-            return Some(self.denied_strict(g, s, now, cost, used - cost as u64, &at));
+            let used = (used - cost as u64).saturating_sub(gone);
+            return Some(self.denied_strict(g, s, now, cost, used, &at));
         }
         // `current + cost <= limit`, which every layout's count holds.
         let newest = self.count_at_newest(g, &at, now, cost)?;
@@ -512,7 +530,7 @@ impl<'a, H: Head> Ring<'a, H> {
     #[inline(always)]
     fn oldest_gone(&self, g: &Geometry, s: u64, now: u64) -> u64 {
         let (units, newest) = self.units_and_offset_at_age(g, s, g.n);
-        if units > 0 && now >= g.leaves(s - g.n, newest) {
+        if units > 0 && g.oldest_left_at(s, newest, now) {
             units
         } else {
             0
@@ -657,7 +675,8 @@ impl<'a, H: Head> Ring<'a, H> {
         };
         let room = g.limit as u64 + oldest_left(g, s, now, oldest);
         let retry_after = (s * w + into).saturating_sub(now).max(1);
-        denial(g, s, room, used, retry_after, g.drained_after(s, now))
+        let drained = g.leaves(s, offset(at.cell)).saturating_sub(now);
+        denial(g, s, room, used, retry_after, drained)
     }
 
     /// Every check that [`admit_at_newest`](Self::admit_at_newest) leaves:
@@ -680,6 +699,11 @@ impl<'a, H: Head> Ring<'a, H> {
                 continue;
             };
             let strict = g.precision == Precision::Strict && cost > 0;
+            if strict {
+                if let Some(denial) = self.denied_before_add(g, s, now, cost) {
+                    return denial;
+                }
+            }
             let cell = match self.add(g, s, now, cost) {
                 Add::Added(cell) => cell,
                 Add::Newer => continue,
@@ -797,7 +821,7 @@ impl<'a, H: Head> Ring<'a, H> {
             let newest = H::newest(raw);
             let s = clock_slot.max(newest);
             if s - newest > g.n {
-                return allowed(g, &Scan::default(), s, now).after_cost(cost, g, s, now);
+                return allowed(g, &Scan::default(), s, now).after_cost(cost, g, s, now, 0);
             }
             let scan = self.scan(g, s);
             // A reset may have erased buckets this scan counted: read again.
@@ -805,7 +829,8 @@ impl<'a, H: Head> Ring<'a, H> {
                 continue;
             }
             if fits(g, &scan, s, now, cost as u64) {
-                return allowed(g, &scan, s, now).after_cost(cost, g, s, now);
+                let current = scan.current_offset;
+                return allowed(g, &scan, s, now).after_cost(cost, g, s, now, current);
             }
             return self.denied(g, s, now, cost);
         }
@@ -900,6 +925,27 @@ impl<'a, H: Head> Ring<'a, H> {
         self.head.publish_base(s, older);
     }
 
+    /// A strict denial decided from reads alone, before the add: a check that
+    /// adds and takes back would leave its newest offset in the bucket (later
+    /// than any unit there, so safe, but a check on one thread alone then
+    /// decides differently from the rule). `None` when the cost may fit, or
+    /// the ring moved on: the add decides.
+    fn denied_before_add(&self, g: &Geometry, s: u64, now: u64, cost: u32) -> Option<Decision> {
+        let cell = self.bucket(g, s).load();
+        let current = units_at::<H::Bucket>(s, cell)?;
+        let mut used = self.span_count(g, s, current)?;
+        if used + cost as u64 > g.limit as u64 {
+            if let Some(without) = self.span_without_gone_oldest(g, s, now) {
+                used = used.min(without);
+            }
+        }
+        if used + cost as u64 <= g.limit as u64 || self.moved_on(s) {
+            return None;
+        }
+        let newest = if current > 0 { offset(cell) } else { 0 };
+        Some(self.denied_strict_walk(g, s, now, cost, used, current, newest))
+    }
+
     /// The units in the span `s-N+1 ..= s`, read bucket by bucket, when the
     /// oldest bucket `s-N` has left the window at `now`; `None` while it has
     /// not (or the ring needs a full [`scan`](Self::scan)).
@@ -907,7 +953,7 @@ impl<'a, H: Head> Ring<'a, H> {
         if self.oldest_gone(g, s, now) == 0 {
             return None;
         }
-        self.sum_ages(g, s, 0, g.n)
+        self.sum_ages(g, s, 0, g.n - 1)
     }
 
     /// The units in the span `s-N ..= s`, given `current` units at slot `s`: from
@@ -927,7 +973,8 @@ impl<'a, H: Head> Ring<'a, H> {
     /// Step 2: add `cost` to slot `s`'s bucket, with the offset of `now`.
     fn add(&self, g: &Geometry, s: u64, now: u64, cost: u32) -> Add {
         let bucket = self.bucket(g, s);
-        let at = g.offset_at(s, now);
+        // A check of cost 0 admits nothing: the newest offset stays.
+        let at = if cost == 0 { 0 } else { g.offset_at(s, now) };
         let mut cell = bucket.load();
         loop {
             let Some(current) = units_at::<H::Bucket>(s, cell) else {
@@ -956,9 +1003,15 @@ impl<'a, H: Head> Ring<'a, H> {
             } else if a as u64 <= g.n {
                 let c = count::<H::Bucket>(cell);
                 scan.used += c;
+                if a == 0 {
+                    scan.current_offset = offset(cell);
+                }
                 if c > 0 {
                     let a = a as u64;
-                    scan.youngest = Some(scan.youngest.map_or(a, |y| y.min(a)));
+                    if scan.youngest.is_none_or(|y| a < y) {
+                        scan.youngest = Some(a);
+                        scan.youngest_offset = offset(cell);
+                    }
                     if a == g.n {
                         scan.oldest = c;
                         scan.oldest_offset = offset(cell);
@@ -1136,18 +1189,23 @@ impl<'a, H: Head> Ring<'a, H> {
         let mut large = Vec::new();
         let counts = self.counts_into(g, s, &mut small, &mut large);
         let mut used: u64 = counts.iter().sum();
-        let scan = scan_from_counts(counts, g);
+        if g.precision == Precision::Strict {
+            // The walk reads each bucket's newest offset.
+            let current = counts[0];
+            let (_, newest) = self.units_and_offset_at_age(g, s, 0);
+            let used = used - self.oldest_gone(g, s, now).min(counts[g.n as usize]);
+            return self.denied_strict_walk(g, s, now, cost, used, current, newest);
+        }
+        let mut scan = scan_from_counts(counts, g);
+        if let Some(a) = scan.youngest {
+            scan.youngest_offset = self.units_and_offset_at_age(g, s, a).1;
+        }
         let mut at: u128 = (s as u128 + g.n as u128 + 1) * w;
         for k in 0..=g.n {
             let leaving = counts[(g.n - k) as usize];
             let after = used - leaving;
             match g.precision {
-                Precision::Strict => {
-                    if after <= target {
-                        at = (s as u128 + k as u128 + 1) * w;
-                        break;
-                    }
-                }
+                Precision::Strict => unreachable!("strict denials walk above"),
                 Precision::Interpolated => {
                     if after <= target {
                         // Within slot s+k the leaving bucket's weight falls linearly.
@@ -1222,8 +1280,12 @@ impl<'a, H: Head> Ring<'a, H> {
             let mut freed = 0;
             for a in (1..=g.n).rev() {
                 let (units, newest) = at_age(a);
+                // An oldest bucket already left is not in `used`.
+                if units == 0 || (a == g.n && g.oldest_left_at(s, newest, now)) {
+                    continue;
+                }
                 freed += units;
-                if units > 0 && freed >= need {
+                if freed >= need {
                     fits_at = g.leaves(s - a, newest);
                     break;
                 }
@@ -1238,7 +1300,7 @@ impl<'a, H: Head> Ring<'a, H> {
                 _ => None,
             })
         };
-        let reset = youngest.map_or(0, |at| at.saturating_sub(now));
+        let reset = youngest.map_or(0, |at| g.until(at, s, now));
         let retry_after = fits_at.saturating_sub(now).max(1);
         denial(g, s, g.limit as u64, used, retry_after, reset)
     }
@@ -1272,15 +1334,17 @@ fn denial(
 /// What [`Ring::peek`] reports for an empty ring entered at slot `s`: the
 /// key of a ring not yet made, without making one.
 pub(crate) fn peek_empty(g: &Geometry, s: u64, now: u64, cost: u32) -> Decision {
-    allowed(g, &Scan::default(), s, now).after_cost(cost, g, s, now)
+    allowed(g, &Scan::default(), s, now).after_cost(cost, g, s, now, 0)
 }
 
 fn scan_from_counts(counts: &[u64], g: &Geometry) -> Scan {
     Scan {
         used: counts.iter().sum(),
         oldest: counts[g.n as usize],
-        // Read without its offset: as if admitted at its slot's end.
+        // Read without offsets: as if admitted at their slots' ends.
         oldest_offset: u16::MAX,
+        youngest_offset: u16::MAX,
+        current_offset: u16::MAX,
         youngest: counts.iter().position(|&c| c > 0).map(|a| a as u64),
         newer: false,
     }
@@ -1300,7 +1364,7 @@ fn weighted(g: &Geometry, scan: &Scan, s: u64, now: u64, extra: u64) -> u128 {
         // The oldest bucket no longer counts once its newest admission has
         // left the window.
         Precision::Strict
-            if scan.oldest > 0 && s >= g.n && now >= g.leaves(s - g.n, scan.oldest_offset) =>
+            if scan.oldest > 0 && s >= g.n && g.oldest_left_at(s, scan.oldest_offset, now) =>
         {
             total - scan.oldest as u128 * w
         }
@@ -1364,7 +1428,7 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
     let budget = g.limit as u128 * w;
     let remaining = (budget.saturating_sub(weighted(g, scan, s, now, 0)) / w) as u32;
     let reset = match scan.youngest {
-        Some(a) => g.drained_after(s - a.min(s), now),
+        Some(a) => g.until(g.leaves(s - a.min(s), scan.youngest_offset), s, now),
         None => 0,
     };
     Decision {
@@ -1384,10 +1448,12 @@ fn allowed(g: &Geometry, scan: &Scan, s: u64, now: u64) -> Decision {
 impl Decision {
     /// For peeks: the state as if `cost` had been counted at slot `s`, where the
     /// check would count it (its units would then be the youngest in the window).
-    fn after_cost(mut self, cost: u32, g: &Geometry, s: u64, now: u64) -> Decision {
+    /// `current` is the newest offset of slot `s`'s bucket.
+    fn after_cost(mut self, cost: u32, g: &Geometry, s: u64, now: u64, current: u16) -> Decision {
         self.remaining = self.remaining.saturating_sub(cost);
         if cost > 0 {
-            self.reset_ns = g.drained_after(s, now);
+            let newest = current.max(g.offset_at(s, now));
+            self.reset_ns = g.leaves(s, newest).saturating_sub(now);
         }
         self
     }

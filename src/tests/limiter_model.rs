@@ -3,13 +3,15 @@
 //! - `SlidingLog`: an exact sliding log (admit at `t` when the units admitted in
 //!   `(t - W, t]` plus the cost fit). The reference a ring approximates.
 //! - `SpanModel`: the ring's own rule, stated naively (strict: the units recorded in
-//!   slots `s-N ..= s`; interpolated: the oldest of them weighted by its overlap with
-//!   the window). Single-threaded on a monotonic clock the limiter must agree with it
-//!   exactly, decision by decision and field by field.
+//!   slots `s-N ..= s`, the oldest only until its newest admission has left the
+//!   window; interpolated: the oldest weighted by its overlap with the window).
+//!   Single-threaded on a monotonic clock the limiter must agree with it exactly,
+//!   decision by decision and field by field.
 //!
 //! Time is driven by a `ManualClock`, so every clock reading is exact.
 
 use super::Rng;
+use crate::rule::{newest_into, offset_multiplier, offset_of};
 use crate::{Decision, Limiter, ManualClock, Outcome, Policy, Precision};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, VecDeque};
@@ -63,6 +65,21 @@ impl Geometry {
     fn slot(&self, t: u64) -> u64 {
         t / self.width
     }
+
+    /// The newest offset of a unit admitted at `t` in its slot (interpolated
+    /// mode weighs whole slots: their ends).
+    fn offset(&self, t: u64) -> u16 {
+        match self.precision {
+            Precision::Strict => offset_of(t % self.width, offset_multiplier(self.width)),
+            _ => u16::MAX,
+        }
+    }
+
+    /// When the units of slot `x`, the newest at `offset`, have all left the
+    /// window of N buckets.
+    fn leaves(&self, x: u64, offset: u16) -> u64 {
+        (x + self.n) * self.width + newest_into(offset, self.width)
+    }
 }
 
 /// An exact sliding log for one key.
@@ -100,10 +117,11 @@ impl SlidingLog {
     }
 }
 
-/// The ring's rule for one key, stated naively over a map of slot -> units.
+/// The ring's rule for one key, stated naively over a map of slot -> units
+/// and the newest offset of their admissions.
 struct SpanModel {
     g: Geometry,
-    slots: BTreeMap<u64, u64>,
+    slots: BTreeMap<u64, (u64, u16)>,
 }
 
 /// What the model expects of one check.
@@ -124,16 +142,23 @@ impl SpanModel {
     }
 
     fn units(&self, slots: std::ops::RangeInclusive<u64>) -> u64 {
-        self.slots.range(slots).map(|(_, c)| c).sum()
+        self.slots.range(slots).map(|(_, (c, _))| c).sum()
     }
 
     /// The window's usage at `t` in units of 1/width (exact integers): strict counts
-    /// slots `s-N ..= s`; interpolated weighs slot `s-N` by `(width - elapsed) / width`.
+    /// slots `s-N ..= s`, `s-N` only until its newest admission has left the window;
+    /// interpolated weighs slot `s-N` by `(width - elapsed) / width`.
     fn weighted(&self, t: u64, extra: u64) -> u128 {
         let (n, w) = (self.g.n, self.g.width);
         let s = self.g.slot(t);
         let total = (self.units(s.saturating_sub(n)..=s) + extra) as u128 * w as u128;
         match self.g.precision {
+            Precision::Strict if s >= n => match self.slots.get(&(s - n)) {
+                Some(&(units, newest)) if t >= self.g.leaves(s - n, newest) => {
+                    total - units as u128 * w as u128
+                }
+                _ => total,
+            },
             Precision::Strict => total,
             _ => {
                 let oldest = if s >= n { self.units(s - n..=s - n) } else { 0 };
@@ -151,14 +176,26 @@ impl SpanModel {
         (budget.saturating_sub(self.weighted(t, 0)) / self.g.width as u128) as u64
     }
 
-    /// Time from `t` until the youngest counted unit leaves the span.
+    /// Time from `t` until the youngest counted unit leaves the window.
     fn reset(&self, t: u64) -> u64 {
-        let (n, w) = (self.g.n, self.g.width);
+        let n = self.g.n;
         let s = self.g.slot(t);
-        match self.slots.range(s.saturating_sub(n)..=s).next_back() {
-            Some((&y, _)) => (y + n + 1) * w - t,
+        // A bucket emptied by undos keeps its newest offset, as the ring's does.
+        let youngest = self.slots.range(s.saturating_sub(n)..=s).rev();
+        match youngest.into_iter().find(|(_, (c, _))| *c > 0) {
+            Some((&y, &(_, newest))) => self.g.leaves(y, newest).saturating_sub(t),
             None => 0,
         }
+    }
+
+    /// Count `cost > 0` units admitted at `t`.
+    fn record(&mut self, t: u64, cost: u64) {
+        if cost == 0 {
+            return;
+        }
+        let (units, newest) = self.slots.entry(self.g.slot(t)).or_insert((0, 0));
+        *units += cost;
+        *newest = (*newest).max(self.g.offset(t));
     }
 
     /// The earliest time `u > t` at which `cost` fits if nothing else is admitted,
@@ -189,10 +226,21 @@ impl SpanModel {
 
     fn check(&mut self, t: u64, cost: u64) -> Expected {
         if self.fits(t, cost) {
-            *self.slots.entry(self.g.slot(t)).or_default() += cost;
+            // An admission that fits with the oldest bucket counted reports
+            // the room left counting it too (a check reads the oldest bucket
+            // only when it needs its room).
+            let s = self.g.slot(t);
+            let counting_oldest = self.units(s.saturating_sub(self.g.n)..=s) + cost;
+            self.record(t, cost);
+            let remaining = match self.g.precision {
+                Precision::Strict if cost > 0 && counting_oldest <= self.g.limit => {
+                    self.g.limit - counting_oldest
+                }
+                _ => self.remaining(t),
+            };
             Expected {
                 outcome: Outcome::Allowed,
-                remaining: self.remaining(t),
+                remaining,
                 retry_after: Some(0),
                 reset: self.reset(t),
             }
@@ -267,13 +315,30 @@ fn max_in_any_interval(admitted: &[(u64, u64)], len: u64) -> (u64, u64) {
     worst
 }
 
-/// The most units recorded in any N + 1 consecutive slots.
-fn max_in_any_span(recorded: &BTreeMap<u64, u64>, n: u64) -> u64 {
-    recorded
-        .keys()
-        .map(|&x| recorded.range(x..=x + n).map(|(_, c)| c).sum::<u64>())
+/// The most units of `admitted` (instant, units; any order) in any window
+/// `(t - len, t]`: the strict guarantee, over the instants the limiter counts
+/// its admissions at ([`effective`]).
+fn max_in_any_window(admitted: &[(u64, u64)], len: u64) -> u64 {
+    admitted
+        .iter()
+        .map(|&(end, _)| {
+            let inside = admitted.iter().filter(|&&(t, _)| t <= end && t + len > end);
+            inside.map(|&(_, c)| c).sum::<u64>()
+        })
         .max()
         .unwrap_or(0)
+}
+
+/// The instant an admission at clock reading `t` counts at: the reading, or
+/// the start of the slot it was counted in when the clock read behind the
+/// key's newest slot; on the overflow ring, no earlier than the latest sweep.
+fn effective(g: &Geometry, limiter: &Limiter<u8, ManualClock>, t: u64, d: &Decision) -> u64 {
+    let t = if d.is_overflow() {
+        t.max(limiter.swept_at())
+    } else {
+        t
+    };
+    t.max(d.recorded_slot() * g.width)
 }
 
 /// One arrival: a gap since the previous one (thousandths of a window plus a few
@@ -389,9 +454,8 @@ proptest! {
     ) {
         let run = run(g, &trace)?;
         for key in 0..KEYS as usize {
-            let (worst, at) = max_in_any_interval(&run.admitted[key], g.window);
-            prop_assert!(worst <= g.limit, "{} units in [{}, {}+W]", worst, at, at);
-            prop_assert!(max_in_any_span(&run.recorded[key], g.n) <= g.limit);
+            let worst = max_in_any_window(&run.admitted[key], g.window);
+            prop_assert!(worst <= g.limit, "{} units in one window", worst);
         }
     }
 
@@ -471,17 +535,17 @@ proptest! {
         let (limiter, clock) = g.limiter();
         let mut log = SlidingLog::new(&g);
         let (mut ring_units, mut log_units) = (0u64, 0u64);
-        let mut recorded = BTreeMap::new();
+        let mut admitted = Vec::new();
         for &t in &times {
             clock.set(t);
             let d = limiter.check(&0);
             if d.is_allowed() {
                 ring_units += 1;
-                *recorded.entry(d.recorded_slot()).or_insert(0u64) += 1;
+                admitted.push((t, 1));
             }
             log_units += log.check(t, 1) as u64;
         }
-        prop_assert!(max_in_any_span(&recorded, g.n) <= g.limit);
+        prop_assert!(max_in_any_window(&admitted, g.window) <= g.limit);
         // (ring + L) · (N+1) · width ≥ log · W
         let lhs = (ring_units + g.limit) as u128 * (g.n + 1) as u128 * g.width as u128;
         let rhs = log_units as u128 * g.window as u128;
@@ -490,9 +554,10 @@ proptest! {
             "ring {} vs exact log {} (N = {}, L = {}, W = {}, width = {})",
             ring_units, log_units, g.n, g.limit, g.window, g.width
         );
-        // And it is tight: the ring admits exactly L per N + 1 slots.
+        // At least what a bucket counted until its whole slot has left admits
+        // (exactly L per N + 1 slots): with its newest offset it frees sooner.
         let slots = times.last().unwrap() / g.width + 1;
-        prop_assert_eq!(ring_units, g.limit * slots.div_ceil(g.n + 1));
+        prop_assert!(ring_units >= g.limit * slots.div_ceil(g.n + 1));
     }
 }
 
@@ -617,7 +682,7 @@ proptest! {
         trace in prop::collection::vec(step(), 1..300),
     ) {
         let (limiter, clock) = g.limiter_tracking(max_keys);
-        let mut recorded: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); KEYS as usize + 3];
+        let mut admitted: Vec<Vec<(u64, u64)>> = vec![Vec::new(); KEYS as usize + 3];
         let mut t = 10 * g.window;
         let mut checks = 0;
         for s in &trace {
@@ -639,9 +704,9 @@ proptest! {
             let d = limiter.check_n(&key, cost);
             checks += 1;
             if d.is_allowed() {
-                *recorded[key as usize].entry(d.recorded_slot()).or_default() += d.cost() as u64;
-                let worst = max_in_any_span(&recorded[key as usize], g.n);
-                prop_assert!(worst <= g.limit, "key {}: {} units in one span", key, worst);
+                admitted[key as usize].push((effective(&g, &limiter, t, &d), d.cost() as u64));
+                let worst = max_in_any_window(&admitted[key as usize], g.window);
+                prop_assert!(worst <= g.limit, "key {}: {} units in one window", key, worst);
             } else {
                 prop_assert_eq!(d.outcome(), Outcome::Denied);
                 let r = d.retry_after().unwrap().as_nanos() as u64;
@@ -799,12 +864,7 @@ impl SpanModel {
     /// What a check of `cost` (0 ..= L) expects at `t`, counting it when it fits;
     /// a check of cost 0 counts nothing and reports the window as it is.
     fn check_any(&mut self, t: u64, cost: u64) -> Expected {
-        let mut e = self.check(t, cost);
-        if cost == 0 {
-            self.slots.retain(|_, c| *c > 0);
-            e.reset = self.reset(t);
-        }
-        e
+        self.check(t, cost)
     }
 
     /// What a peek of `cost` expects at `t`.
@@ -819,12 +879,13 @@ impl SpanModel {
         }
         if self.fits(t, cost) {
             let s = self.g.slot(t);
+            let newest = self.slots.get(&s).map_or(0, |&(_, o)| o);
             Expected {
                 outcome: Outcome::Allowed,
                 remaining: self.remaining(t).saturating_sub(cost),
                 retry_after: Some(0),
                 reset: if cost > 0 {
-                    (s + self.g.n + 1) * self.g.width - t
+                    self.g.leaves(s, newest.max(self.g.offset(t))) - t
                 } else {
                     self.reset(t)
                 },
@@ -847,6 +908,10 @@ fn run_edges(g: Geometry, trace: &[EdgeStep]) -> Result<(), TestCaseError> {
     let mut model = SpanModel::new(g);
     let mut t = 0u64;
     let mut decisions: Vec<Decision> = Vec::new();
+    // Each admission's instant and units, by its index in `decisions`; `None`
+    // once a decision is undone twice (its second undo takes another
+    // admission's units, which this no longer follows).
+    let mut admitted = Some(BTreeMap::new());
     // The newest slot any consuming check entered: an undo of units older than
     // a window before it finds nothing.
     let mut newest = 0u64;
@@ -875,8 +940,12 @@ fn run_edges(g: Geometry, trace: &[EdgeStep]) -> Result<(), TestCaseError> {
                 if d.is_allowed() {
                     prop_assert_eq!(d.recorded_slot(), g.slot(t));
                     prop_assert_eq!(d.cost() as u64, cost);
-                    if g.precision == Precision::Strict {
-                        prop_assert!(max_in_any_span(&model.slots, g.n) <= g.limit);
+                    if let Some(admitted) = admitted.as_mut() {
+                        admitted.insert(decisions.len(), (t, cost));
+                        if g.precision == Precision::Strict {
+                            let units: Vec<(u64, u64)> = admitted.values().copied().collect();
+                            prop_assert!(max_in_any_window(&units, g.window) <= g.limit);
+                        }
                     }
                 } else if d.outcome() == Outcome::Denied {
                     let r = d.retry_after().unwrap().as_nanos() as u64;
@@ -897,9 +966,13 @@ fn run_edges(g: Geometry, trace: &[EdgeStep]) -> Result<(), TestCaseError> {
                 };
                 limiter.undo(&0, &d);
                 if d.is_allowed() && d.cost() > 0 && newest - d.recorded_slot() <= g.n {
-                    let units = model.slots.entry(d.recorded_slot()).or_default();
+                    let (units, _) = model.slots.entry(d.recorded_slot()).or_default();
                     *units = units.saturating_sub(d.cost() as u64);
-                    model.slots.retain(|_, c| *c > 0);
+                    let index = decisions.len() - 1 - back;
+                    match admitted.as_mut().and_then(|a| a.remove(&index)) {
+                        Some(_) => {}
+                        None => admitted = None,
+                    }
                 }
             }
             EdgeStep::Peek { gap, cost } => {
@@ -1018,9 +1091,10 @@ impl HeldModel {
                 && d.cost() > 0
                 && newest.saturating_sub(d.recorded_slot()) <= self.span.g.n
             {
-                let units = self.span.slots.entry(d.recorded_slot()).or_default();
-                *units = units.saturating_sub(d.cost() as u64);
-                self.span.slots.retain(|_, c| *c > 0);
+                // The newest offset stays, as the ring keeps it.
+                if let Some((units, _)) = self.span.slots.get_mut(&d.recorded_slot()) {
+                    *units = units.saturating_sub(d.cost() as u64);
+                }
             }
         }
     }
@@ -1128,8 +1202,9 @@ proptest! {
         trace in prop::collection::vec((step(), any::<u32>(), 0..3u8), 1..300),
     ) {
         let (limiter, clock) = g.limiter_tracking(max_keys);
-        let mut recorded: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); KEYS as usize + 3];
-        let mut decisions: Vec<(u8, Decision)> = Vec::new();
+        let mut admitted: Vec<Vec<(u64, u64)>> = vec![Vec::new(); KEYS as usize + 3];
+        // Each decision, with where its units are in `admitted`.
+        let mut decisions: Vec<(u8, Decision, usize)> = Vec::new();
         let mut t = 10 * g.window;
         for (s, seed, kind) in &trace {
             let (key, cost) = match *s {
@@ -1151,14 +1226,12 @@ proptest! {
                         // Each decision once: undoing one twice gives back units
                         // another key holds in the overflow ring (documented).
                         let i = decisions.len().checked_sub(1 + *seed as usize % 3);
-                        if let Some((key, d)) = i.map(|i| decisions.remove(i)) {
+                        if let Some((key, d, at)) = i.map(|i| decisions.remove(i)) {
                             clock.set(t);
                             limiter.undo(&key, &d);
                             if d.is_allowed() {
-                                // An undone decision no longer holds units (undo twice: saturates).
-                                if let Some(u) = recorded[key as usize].get_mut(&d.recorded_slot()) {
-                                    *u = u.saturating_sub(d.cost() as u64);
-                                }
+                                // An undone decision no longer holds units.
+                                admitted[key as usize][at].1 = 0;
                             }
                         }
                     } else {
@@ -1169,12 +1242,12 @@ proptest! {
             };
             clock.set(t);
             let d = limiter.check_n(&key, cost);
-            decisions.push((key, d));
+            decisions.push((key, d, admitted[key as usize].len()));
             if d.is_allowed() {
-                *recorded[key as usize].entry(d.recorded_slot()).or_default() += d.cost() as u64;
+                admitted[key as usize].push((effective(&g, &limiter, t, &d), d.cost() as u64));
                 if g.precision == Precision::Strict {
-                    let worst = max_in_any_span(&recorded[key as usize], g.n);
-                    prop_assert!(worst <= g.limit, "key {}: {} units in one span", key, worst);
+                    let worst = max_in_any_window(&admitted[key as usize], g.window);
+                    prop_assert!(worst <= g.limit, "key {}: {} units in one window", key, worst);
                 }
             } else {
                 prop_assert_eq!(d.outcome(), Outcome::Denied);
