@@ -39,6 +39,9 @@ const MAX_ATTEMPTS: u32 = 64;
 /// had to scan) copies the counts into a stack array of this many (512 bytes);
 /// only a ring of more buckets (a policy of 64 or more) allocates one instead.
 const SMALL_RING: usize = 64;
+/// The largest limit the compact layout takes: its head holds a base of 16
+/// bits.
+const COMPACT_MAX_LIMIT: u64 = 0xFFFF;
 /// The narrowest bucket the compact layout takes: its 2^46 slots then reach
 /// 2^60 nanoseconds (36 years), as far as the wide layout's slots of 1 ns.
 const COMPACT_MIN_WIDTH: u64 = 1 << 14;
@@ -117,8 +120,7 @@ impl Geometry {
     /// Whether this policy's rings fit the compact layout: a limit a 16-bit
     /// count holds, and buckets wide enough for its 46-bit slots to last.
     pub(crate) fn fits_compact(&self) -> bool {
-        u64::from(self.limit) <= count_max::<<Compact as Head>::Bucket>()
-            && self.width >= COMPACT_MIN_WIDTH
+        u64::from(self.limit) <= COMPACT_MAX_LIMIT && self.width >= COMPACT_MIN_WIDTH
     }
 
     /// `now`, held at the last instant the slot arithmetic covers (at least
@@ -1502,6 +1504,21 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// When a unit admitted alone at `t` (strict) leaves the window: its
+    /// newest offset's instant, a step of the bucket at most after `t`,
+    /// plus the window.
+    fn unit_leaves(g: &Geometry, t: u64) -> u64 {
+        let s = g.slot(t);
+        let leaves = g.leaves(s, g.offset_at(s, t));
+        let window = g.buckets() * g.width();
+        assert!(leaves >= t + window && leaves <= t + window + 2 * (g.width() >> 16) + 2);
+        leaves
+    }
+
+    fn nanos(n: u64) -> Option<Duration> {
+        Some(Duration::from_nanos(n))
+    }
+
     fn each_word_visits_the_words_of_word_p_in_order<H: Head>() {
         // Rings that fill a line, share one, and run across lines, at starts
         // inside a line and on its edge.
@@ -1565,11 +1582,14 @@ mod tests {
             let g = geometry(limit, 1000, 10, precision);
             let wide = geometry(10, 1000, 10, precision);
             // Recorded by checks under a limit of 10: 1 unit at slot 2, 2 at
-            // slot 5, 1 at slot 7; then seeded as counts by age from slot 7.
+            // slot 5, 1 at slot 7, each at its slot's last instant (a seeded
+            // count counts as admitted there); then seeded as counts by age
+            // from slot 7.
             let checked = OwnedRing::<H>::new(&wide, 0);
             let checked = checked.ring();
             for (slot, cost) in [(2, 1), (5, 2), (7, 1)] {
-                assert!(checked.acquire(&wide, slot * 100 * MS, cost).is_allowed());
+                let t = (slot + 1) * 100 * MS - 1;
+                assert!(checked.acquire(&wide, t, cost).is_allowed());
             }
             let seeded = OwnedRing::<H>::seeded(&g, 7, &[1, 0, 2, 0, 0, 1]);
             let seeded = seeded.ring();
@@ -1602,10 +1622,14 @@ mod tests {
         }
         let d = ring.acquire(&g, 5 * MS, 1);
         assert_eq!(d.outcome(), Outcome::Denied);
-        // All three units sit in slot 0 (0..100ms); strict counts slots s-10..=s, so
-        // slot 0 leaves the span when slot 11 begins, at 1100 ms.
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(1095)));
-        assert_eq!(d.reset(), Duration::from_millis(1095));
+        // All three units sit in slot 0 (0..100ms), the newest at 5 ms: they
+        // leave the window a second after it (to a step of the bucket's
+        // width), when an exact log would free them.
+        let leaves = unit_leaves(&g, 5 * MS);
+        assert_eq!(d.retry_after(), nanos(leaves - 5 * MS));
+        assert_eq!(d.reset(), Duration::from_nanos(leaves - 5 * MS));
+        assert!(!ring.acquire(&g, leaves - 1, 1).is_allowed());
+        assert!(ring.acquire(&g, leaves, 3).is_allowed());
     }
 
     fn skipped_buckets_are_treated_as_empty<H: Head>() {
@@ -1651,7 +1675,7 @@ mod tests {
         let d = ring.acquire(&g, 0, 1);
         assert_eq!(d.outcome(), Outcome::Denied);
         // retry_after is measured from the clock's reading, so it includes the step back.
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(2000)));
+        assert_eq!(d.retry_after(), nanos(unit_leaves(&g, 900 * MS)));
         // Once the clock passes slot 9 + 10, the units expire as usual.
         assert!(ring.acquire(&g, 2000 * MS, 1).is_allowed());
     }
@@ -1784,13 +1808,15 @@ mod tests {
                 (2, 5, 0)
             );
             assert_eq!(ring.peek(&g, 250 * MS, 0).remaining(), 0);
-            // The 2 units of slot 0 leave at 1100 ms; the 5 of slot 2 keep the
-            // span over the limit until they leave, at 1300 ms (strict).
+            // The 2 units of slot 0 leave at 1000 ms; the 5 charged at 250 ms
+            // keep the window over the limit until they leave, at 1250 ms
+            // (strict; interpolated weighs slot 2 until 1300 ms).
             let d = ring.acquire(&g, 1100 * MS, 1);
             assert!(!d.is_allowed(), "{precision:?}");
             if precision == Precision::Strict {
-                assert_eq!(d.retry_after(), Some(Duration::from_millis(200)));
-                assert!(!ring.acquire(&g, 1299 * MS, 1).is_allowed());
+                let leaves = unit_leaves(&g, 250 * MS);
+                assert_eq!(d.retry_after(), nanos(leaves - 1100 * MS));
+                assert!(!ring.acquire(&g, leaves - 1, 1).is_allowed());
             }
             assert!(ring.acquire(&g, 1300 * MS, 3).is_allowed(), "{precision:?}");
         }
@@ -1851,7 +1877,7 @@ mod tests {
         let before = words(&ring);
         let denied = ring.acquire(&g, 0, 1);
         assert_eq!(denied.outcome(), Outcome::Denied);
-        assert_eq!(denied.retry_after(), Some(Duration::from_millis(1100)));
+        assert_eq!(denied.retry_after(), nanos(unit_leaves(&g, 0)));
         // Denials, however many, write nothing.
         assert_eq!(ring.acquire(&g, 0, 1), denied);
         assert_eq!(words(&ring), before);
@@ -2034,14 +2060,14 @@ mod tests {
         for (t, cost) in [(0, 1), (250, 2), (990, 1)] {
             assert!(from.acquire(&g, t * MS, cost).is_allowed());
         }
-        let twin = OwnedRing::<H>::new(&g, 0);
-        twin.ring().init(&g, 9, &from.counts_by_age(&g, 990 * MS).1);
+        // A copy holds the same words, newest offsets too: it decides as
+        // the ring it was copied from, check by check.
         let to = OwnedRing::<H>::new(&g, 0);
         from.copy_to(&g, &to.ring());
         for t in [995, 1000, 1099, 1100, 1350, 1990, 2100] {
             let (a, b) = (
                 to.ring().acquire(&g, t * MS, 1),
-                twin.ring().acquire(&g, t * MS, 1),
+                from.acquire(&g, t * MS, 1),
             );
             assert_eq!(
                 (a.outcome(), a.remaining(), a.retry_after(), a.reset()),
