@@ -56,16 +56,17 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
 
     pub(super) fn window_snapshot(&self, g: &Geometry, key: &K) -> WindowSnapshot {
         let now = self.now();
-        let (slot, counts) = self.with_ring(key, |ring| match ring {
-            Ok(ring) => ring.counts_by_age(g, now),
+        let (slot, counts, newest) = self.with_ring(key, |ring| match ring {
+            Ok(ring) => ring.window_by_age(g, now),
             Err(key) => {
                 let start = now.max(self.swept_at.load(SeqCst));
                 if self.keys.load(Relaxed) >= self.max_keys
                     || g.slot(start) < self.overflow_mark(key)
                 {
-                    self.overflow.ring().counts_by_age(g, start)
+                    self.overflow.ring().window_by_age(g, start)
                 } else {
-                    (g.slot(start), vec![0; g.buckets() as usize + 1])
+                    let len = g.buckets() as usize + 1;
+                    (g.slot(start), vec![0; len], vec![0; len])
                 }
             }
         });
@@ -74,6 +75,7 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
             now,
             slot,
             counts,
+            newest,
         }
     }
 

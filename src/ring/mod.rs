@@ -61,9 +61,11 @@ pub(crate) struct WindowSnapshot {
     pub(crate) geometry: Geometry,
     /// The policy's clock reading (ns).
     pub(crate) now: u64,
-    /// The slot a check now runs at, and the units at each age `0..=N` from it.
+    /// The slot a check now runs at, and the units at each age `0..=N` from it,
+    /// with each bucket's newest offset.
     pub(crate) slot: u64,
     pub(crate) counts: Vec<u64>,
+    pub(crate) newest: Vec<u16>,
 }
 
 /// The policy, reduced to the integers the ring computes with.
@@ -142,7 +144,7 @@ impl Geometry {
     /// admitted at the start: later than it was, the safe side). In
     /// interpolated mode, which weighs buckets by their slots, the slot's end.
     #[inline(always)]
-    fn offset_at(&self, s: u64, now: u64) -> u16 {
+    pub(crate) fn offset_at(&self, s: u64, now: u64) -> u16 {
         if self.precision == Precision::Interpolated {
             return u16::MAX;
         }
@@ -152,7 +154,7 @@ impl Geometry {
     /// The instant the units of the bucket of slot `x`, the newest admitted
     /// at `offset`, have all left the window: its newest admission plus W.
     #[inline(always)]
-    fn leaves(&self, x: u64, offset: u16) -> u64 {
+    pub(crate) fn leaves(&self, x: u64, offset: u16) -> u64 {
         (x + self.n) * self.width + newest_into(offset, self.width)
     }
 
@@ -1140,14 +1142,29 @@ impl<'a, H: Head> Ring<'a, H> {
     /// `0..=N` relative to it (index = age). A plain read, nothing counted: the
     /// wait queue forecasts admission times from it.
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
+        let (s, counts, _) = self.window_by_age(g, now);
+        (s, counts)
+    }
+
+    /// [`counts_by_age`](Self::counts_by_age), with each bucket's newest
+    /// offset (index = age), read in the same pass.
+    pub(crate) fn window_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>, Vec<u16>) {
         let raw = self.head.load();
         let newest = slot_of::<H>(raw);
         let s = g.slot(now).max(newest);
         let mut counts = vec![0; g.ring_len()];
+        let mut offsets = vec![0; g.ring_len()];
         if s - newest <= g.n {
-            self.read_counts(g, s, &mut counts);
+            self.each_word(g.ring_len(), |_, bucket| {
+                let cell = bucket.load();
+                let a = age_bits::<H::Bucket>(s, cell) as usize;
+                if let (Some(c), Some(o)) = (counts.get_mut(a), offsets.get_mut(a)) {
+                    *c = count::<H::Bucket>(cell);
+                    *o = offset(cell);
+                }
+            });
         }
-        (s, counts)
+        (s, counts, offsets)
     }
 
     /// The units at each age `0..=N` relative to slot `s` (index = age), read in

@@ -3,9 +3,10 @@
 //!
 //! Starting from each policy's bucket counts, the forecast admits every queued
 //! cost in order, each as early as all policies allow and no earlier than the
-//! one before it (FIFO). Units leave a policy's window when the bucket after its
-//! last counted one begins, exactly as in the ring, so in strict mode, with the
-//! queue as the key's only user, the forecast instant is the admission instant.
+//! one before it (FIFO). In strict mode a bucket's units leave a policy's
+//! window when its newest admission does (`Geometry::leaves`), exactly as in
+//! the ring, so with the queue as the key's only user the forecast instant is
+//! the admission instant.
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::Precision;
@@ -22,20 +23,22 @@ struct Window {
     /// Slot and clock time of the latest forecast admission.
     slot: u64,
     at: u64,
-    /// Non-empty buckets still in the window at `slot`, oldest first: (slot, units).
-    buckets: VecDeque<(u64, u64)>,
+    /// Non-empty buckets still in the window at `slot`, oldest first: (slot,
+    /// units, newest offset).
+    buckets: VecDeque<(u64, u64, u16)>,
     used: u64,
 }
 
 impl Window {
     fn new(s: WindowSnapshot) -> Window {
-        let buckets: VecDeque<(u64, u64)> = s
+        let buckets: VecDeque<(u64, u64, u16)> = s
             .counts
             .iter()
+            .zip(&s.newest)
             .enumerate()
             .rev()
-            .filter(|&(_, &c)| c > 0)
-            .map(|(age, &c)| (s.slot - (age as u64).min(s.slot), c))
+            .filter(|&(_, (&c, _))| c > 0)
+            .map(|(age, (&c, &o))| (s.slot - (age as u64).min(s.slot), c, o))
             .collect();
         Window {
             g: s.geometry,
@@ -58,27 +61,34 @@ impl Window {
         }
     }
 
+    /// Whether the bucket of slot `x`, its newest at `newest`, still counts
+    /// for a strict check at `at` run at slot `slot` (the clock behind the
+    /// slot taken at its start, as the ring does).
+    fn counts(&self, (x, newest): (u64, u16), slot: u64, at: u64) -> bool {
+        self.g.leaves(x, newest) > at.max(slot.saturating_mul(self.g.width()))
+    }
+
     /// The earliest (slot, clock ns) at which `cost` more units fit, no earlier
     /// than `now` and than the latest admission. Nothing is changed.
     fn next(&self, cost: u32, now: u64) -> (u64, u64) {
-        let (n, limit) = (self.g.buckets(), self.g.limit() as u64);
+        let limit = self.g.limit() as u64;
         let (mut slot, mut at) = self.start(now);
         let mut used = self.used;
         let mut live = self.buckets.iter();
         let mut oldest = live.next();
         loop {
-            while let Some(&(x, c)) = oldest {
-                if x + n >= slot {
+            while let Some(&(x, c, o)) = oldest {
+                if self.counts((x, o), slot, at) {
                     break;
                 }
                 used -= c;
                 oldest = live.next();
             }
             match oldest {
-                Some(&(x, _)) if used + cost as u64 > limit => {
-                    // Wait for the oldest bucket to leave the window.
-                    slot = x + n + 1;
-                    at = slot.saturating_mul(self.g.width());
+                Some(&(x, _, o)) if used + cost as u64 > limit => {
+                    // Wait for the oldest bucket's newest admission to leave.
+                    at = self.g.leaves(x, o);
+                    slot = self.g.slot(at);
                 }
                 _ => return (slot, at),
             }
@@ -99,14 +109,14 @@ impl Window {
         let mut live = self.buckets.iter();
         let mut oldest = live.next();
         loop {
-            while let Some(&(x, c)) = oldest {
+            while let Some(&(x, c, _)) = oldest {
                 if x + n >= slot {
                     break;
                 }
                 used -= c;
                 oldest = live.next();
             }
-            let Some(&(x, c)) = oldest.filter(|_| used + cost as u64 > limit) else {
+            let Some(&(x, c, _)) = oldest.filter(|_| used + cost as u64 > limit) else {
                 return at;
             };
             if x + n > slot {
@@ -131,16 +141,26 @@ impl Window {
     /// Record `cost` units admitted at (slot, at).
     fn commit(&mut self, cost: u32, (slot, at): (u64, u64)) {
         let n = self.g.buckets();
-        while let Some(&(x, c)) = self.buckets.front() {
-            if x + n >= slot {
+        let strict = self.g.precision() == Precision::Strict;
+        while let Some(&(x, c, o)) = self.buckets.front() {
+            let counts = if strict {
+                self.counts((x, o), slot, at)
+            } else {
+                x + n >= slot
+            };
+            if counts {
                 break;
             }
             self.used -= c;
             self.buckets.pop_front();
         }
+        let offset = self.g.offset_at(slot, at);
         match self.buckets.back_mut() {
-            Some((x, c)) if *x == slot => *c += cost as u64,
-            _ => self.buckets.push_back((slot, cost as u64)),
+            Some((x, c, o)) if *x == slot => {
+                *c += cost as u64;
+                *o = (*o).max(offset);
+            }
+            _ => self.buckets.push_back((slot, cost as u64, offset)),
         }
         self.used += cost as u64;
         self.slot = slot;
@@ -151,11 +171,18 @@ impl Window {
     fn denial(&self, cost: u32, now: u64, wait: Duration) -> Decision {
         let (n, w, limit) = (self.g.buckets(), self.g.width(), self.g.limit());
         let slot = self.g.slot(now).max(self.slot);
-        let live = self.buckets.iter().filter(|(x, _)| x + n >= slot);
+        let strict = self.g.precision() == Precision::Strict;
+        let live = self.buckets.iter().filter(|&&(x, _, o)| {
+            if strict {
+                self.counts((x, o), slot, now)
+            } else {
+                x + n >= slot
+            }
+        });
         let used: u64 = live.clone().map(|b| b.1).sum();
         let remaining = (limit as u64).saturating_sub(used) as u32;
         let reset = live
-            .map(|(x, _)| (x + n + 1).saturating_mul(w).saturating_sub(now))
+            .map(|&(x, _, o)| self.g.leaves(x, o).saturating_sub(now))
             .max()
             .map_or(Duration::ZERO, Duration::from_nanos);
         if cost > limit {
@@ -310,6 +337,7 @@ mod tests {
             now: 0,
             slot: 0,
             counts: vec![0; buckets as usize + 1],
+            newest: vec![0; buckets as usize + 1],
         }
     }
 
