@@ -56,10 +56,11 @@ async fn waiters_are_admitted_at_the_allowed_instants_in_arrival_order() {
     let expected = spawn_waiters(&q, 7, 10, &log);
     sleep_until(start + Duration::from_secs(10)).await;
 
-    // 3 per 1.5 s in 100 ms buckets: units counted in bucket k leave the window
-    // when bucket k + 16 begins, so batches of 3 pass every 1.6 s.
+    // 3 per 1.5 s in 100 ms buckets: units leave the window 1.5 s after their
+    // admission (to a step of the bucket, 1.5 µs), and the timer fires at the
+    // next millisecond, so batches of 3 pass every 1.501 s.
     let at = |t: u64| start + ms(t);
-    let want = [0, 0, 0, 1600, 1600, 1600, 3200, 3200, 3200, 4800].map(at);
+    let want = [0, 0, 0, 1501, 1501, 1501, 3002, 3002, 3002, 4503].map(at);
     let log = log.lock().unwrap().clone();
     let order: Vec<usize> = log.iter().map(|e| e.0).collect();
     let instants: Vec<Instant> = log.iter().map(|e| e.1).collect();
@@ -93,7 +94,7 @@ async fn a_request_of_cost_zero_does_not_queue_behind_waiters() {
     assert!(free.await.unwrap().is_allowed());
     assert_eq!(Instant::now(), start);
     assert!(waiting.await.unwrap().is_allowed());
-    assert_eq!(Instant::now(), start + ms(1600));
+    assert_eq!(Instant::now(), start + ms(1501));
 }
 
 #[tokio::test(start_paused = true)]
@@ -105,14 +106,14 @@ async fn a_request_whose_wait_would_exceed_the_bound_is_rejected_at_once() {
     // Exactly the bound: accepted.
     let third = q.acquire(1, 1);
     let fourth = q.acquire(1, 1);
-    assert_eq!(third.expected_admission(), Some(start + ms(1600)));
-    assert_eq!(fourth.expected_admission(), Some(start + ms(1600)));
-    // Its turn would come at 3.2 s: rejected now, saying when.
+    assert_eq!(third.expected_admission(), Some(start + ms(1501)));
+    assert_eq!(fourth.expected_admission(), Some(start + ms(1501)));
+    // Its turn would come at 3.002 s: rejected now, saying when.
     let fifth = q.acquire(1, 1);
     assert!(!fifth.is_waiting());
     let rejected = fifth.await.unwrap_err();
     assert_eq!(rejected.reason, WaitRejectReason::WaitTooLong);
-    assert_eq!(rejected.decision.retry_after(), Some(ms(3200)));
+    assert_eq!(rejected.decision.retry_after(), Some(ms(3002)));
     assert!(!rejected.decision.is_allowed());
     assert_eq!(Instant::now(), start, "no time passed");
 
@@ -123,7 +124,7 @@ async fn a_request_whose_wait_would_exceed_the_bound_is_rejected_at_once() {
     // The waiters within the bound are admitted on time.
     let (a, b) = tokio::join!(third, fourth);
     assert!(a.unwrap().is_allowed() && b.unwrap().is_allowed());
-    assert_eq!(Instant::now(), start + ms(1600));
+    assert_eq!(Instant::now(), start + ms(1501));
     assert_eq!(q.stats().rejected_wait_too_long, 1);
 }
 
@@ -140,12 +141,12 @@ async fn at_max_keys_the_forecast_reads_the_overflow_ring_that_decides_the_key()
     ));
     let now = q.acquire(2, 2).await.unwrap();
     assert!(now.is_allowed() && now.is_overflow());
-    // As for a tracked key: the first units leave the window at 1.6 s...
+    // As for a tracked key: the first units leave the window at 1.501 s...
     let third = q.acquire(2, 1);
     let fourth = q.acquire(2, 1);
-    assert_eq!(third.expected_admission(), Some(start + ms(1600)));
-    assert_eq!(fourth.expected_admission(), Some(start + ms(1600)));
-    // ...so a fifth's turn would come at 3.2 s: rejected now, saying when.
+    assert_eq!(third.expected_admission(), Some(start + ms(1501)));
+    assert_eq!(fourth.expected_admission(), Some(start + ms(1501)));
+    // ...so a fifth's turn would come at 3.002 s: rejected now, saying when.
     let fifth = q.acquire(2, 1);
     assert!(
         !fifth.is_waiting(),
@@ -154,12 +155,12 @@ async fn at_max_keys_the_forecast_reads_the_overflow_ring_that_decides_the_key()
     );
     let rejected = fifth.await.unwrap_err();
     assert_eq!(rejected.reason, WaitRejectReason::WaitTooLong);
-    assert_eq!(rejected.decision.retry_after(), Some(ms(3200)));
+    assert_eq!(rejected.decision.retry_after(), Some(ms(3002)));
     assert_eq!(Instant::now(), start, "no time passed");
 
     let (a, b) = tokio::join!(third, fourth);
     assert!(a.unwrap().is_allowed() && b.unwrap().is_allowed());
-    assert_eq!(Instant::now(), start + ms(1600));
+    assert_eq!(Instant::now(), start + ms(1501));
 }
 
 #[tokio::test(start_paused = true)]
@@ -172,7 +173,7 @@ async fn a_request_that_finds_the_queue_full_is_rejected_at_once() {
     let full = q.acquire("k", 1).await.unwrap_err();
     assert_eq!(full.reason, WaitRejectReason::QueueFull);
     // retry_after tells when its turn would have come (behind w1 and w2).
-    assert_eq!(full.decision.retry_after(), Some(ms(4800)));
+    assert_eq!(full.decision.retry_after(), Some(ms(4503)));
     // Another key is unaffected.
     assert!(q.acquire("other", 1).await.unwrap().is_allowed());
     assert_eq!(q.stats().rejected_queue_full, 1);
@@ -185,9 +186,9 @@ async fn a_dropped_head_lets_the_next_waiter_in_earlier() {
     let start = Instant::now();
     let q = queues::<u32>(2, Duration::from_secs(60), 100);
     let _ = q.acquire(1, 2).await.unwrap();
-    let big = q.acquire(1, 2); // 1.6 s, taking both units
-    let small = q.acquire(1, 1); // behind it: 3.2 s
-    assert_eq!(small.expected_admission(), Some(start + ms(3200)));
+    let big = q.acquire(1, 2); // 1.501 s, taking both units
+    let small = q.acquire(1, 1); // behind it: 3.002 s
+    assert_eq!(small.expected_admission(), Some(start + ms(3002)));
     let small = tokio::spawn(async move {
         let _ = small.await.unwrap();
         Instant::now()
@@ -196,7 +197,7 @@ async fn a_dropped_head_lets_the_next_waiter_in_earlier() {
     advance(ms(500)).await;
     big.abort(); // a client gone, a timeout above: the head is dropped
     assert!(big.await.unwrap_err().is_cancelled());
-    assert_eq!(small.await.unwrap(), start + ms(1600));
+    assert_eq!(small.await.unwrap(), start + ms(1501));
     let stats = q.stats();
     assert_eq!((stats.cancelled, stats.keys_waiting), (1, 0));
 }
@@ -208,21 +209,21 @@ async fn an_admitted_waiter_dropped_before_its_turn_is_used_gives_its_unit_back(
     let limiter = q.limiter().clone();
     let _ = q.acquire(1, 2).await.unwrap();
     let a = q.acquire(1, 1);
-    let b = q.acquire(1, 1); // admitted with `a` at 1.6 s, but never polled
-    let c = q.acquire(1, 1); // 3.2 s
-    assert_eq!(c.expected_admission(), Some(start + ms(3200)));
+    let b = q.acquire(1, 1); // admitted with `a` at 1.501 s, but never polled
+    let c = q.acquire(1, 1); // 3.002 s
+    assert_eq!(c.expected_admission(), Some(start + ms(3002)));
     let a = tokio::spawn(a);
     let c = tokio::spawn(async move {
         let _ = c.await.unwrap();
         Instant::now()
     });
-    sleep_until(start + ms(1601)).await;
+    sleep_until(start + ms(1502)).await;
     assert!(a.await.unwrap().unwrap().is_allowed());
     assert_eq!(limiter.usage(&1).used, 2, "a and b admitted");
     drop(b);
     assert_eq!(
         c.await.unwrap(),
-        start + ms(1601),
+        start + ms(1502),
         "c takes b's unit at once"
     );
     assert_eq!(limiter.usage(&1).used, 2);
@@ -256,7 +257,7 @@ async fn many_keys_waiting_at_once_do_not_interfere() {
         spawn_waiters(&q, key as u32, 5, log);
     }
     sleep_until(start + Duration::from_secs(10)).await;
-    let want: Vec<(usize, Instant)> = [0, 0, 1600, 1600, 3200]
+    let want: Vec<(usize, Instant)> = [0, 0, 1501, 1501, 3002]
         .iter()
         .enumerate()
         .map(|(i, &t)| (i, start + ms(t)))
@@ -318,9 +319,9 @@ async fn every_clone_waiting_on_a_global_limit_is_served_in_turn() {
     }
     let log = log.lock().unwrap().clone();
     assert_eq!(log.len(), 12, "every waiter progressed");
-    // Two per 1.6 s, never more.
+    // Two per 1.501 s, never more.
     for (n, (_, at)) in log.iter().enumerate() {
-        assert_eq!(*at, start + ms((n as u64 / 2) * 1600));
+        assert_eq!(*at, start + ms((n as u64 / 2) * 1501));
     }
     // Every task had both its turns.
     for i in 0..6 {
@@ -359,7 +360,9 @@ async fn a_reservation_kept_past_its_bucket_is_renewed_before_use() {
 }
 
 /// Real threads and a running clock: no deadlock, nobody stranded, and the
-/// admitted units never exceed the limit in any N + 1 buckets (the ring's span).
+/// admitted units never exceed the limit in any N consecutive buckets (a
+/// window always covers them; the oldest of N + 1 counts until its newest
+/// admission has left).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_waiters_on_real_threads_stay_within_the_limit() {
     let policy = Policy::builder()
@@ -396,10 +399,13 @@ async fn concurrent_waiters_on_real_threads_stay_within_the_limit() {
     for &(x, _) in &slots {
         let span: u32 = slots
             .iter()
-            .filter(|(y, _)| *y <= x && y + 10 >= x)
+            .filter(|(y, _)| *y <= x && y + 9 >= x)
             .map(|(_, c)| c)
             .sum();
-        assert!(span <= 10, "{span} units in the span ending at slot {x}");
+        assert!(
+            span <= 10,
+            "{span} units in the 10 buckets ending at slot {x}"
+        );
     }
     assert_eq!(q.stats().keys_waiting, 0);
 }
@@ -471,7 +477,7 @@ async fn an_interpolated_policy_is_not_rejected_for_the_strict_forecasts_wait() 
 /// Two waiters admitted in batches but polled only later, when the first one's
 /// units have left the window and the second one's have not. The first, polled
 /// first, waits again and becomes the head: denied (the window holds the second
-/// one's unit), it sleeps until that unit leaves (4.8 s). The second, polled
+/// one's unit), it sleeps until that unit leaves (4.503 s). The second, polled
 /// next, gives that unit back: the head must be woken for it and admitted now,
 /// not when its denial said.
 #[tokio::test(start_paused = true)]
@@ -480,18 +486,18 @@ async fn a_head_is_woken_for_the_units_a_later_waiter_polled_late_gives_back() {
     let q = queues::<u32>(2, Duration::from_secs(60), 100);
     let at = |t: u64| start + ms(t);
     let _ = q.acquire(1, 2).await.unwrap();
-    // h1 admits itself and e1 at 1.6 s; h2 admits itself and e2 at 3.2 s.
+    // h1 admits itself and e1 at 1.501 s; h2 admits itself and e2 at 3.002 s.
     let h1 = tokio::spawn(q.acquire(1, 1));
     let e1 = q.acquire(1, 1);
     let h2 = tokio::spawn(q.acquire(1, 1));
     let mut e2 = q.acquire(1, 1);
-    assert_eq!(e1.expected_admission(), Some(at(1600)));
-    assert_eq!(e2.expected_admission(), Some(at(3200)));
+    assert_eq!(e1.expected_admission(), Some(at(1501)));
+    assert_eq!(e2.expected_admission(), Some(at(3002)));
     assert!(h1.await.unwrap().unwrap().is_allowed());
     assert!(h2.await.unwrap().unwrap().is_allowed());
-    assert_eq!(Instant::now(), at(3200));
+    assert_eq!(Instant::now(), at(3002));
 
-    // e1's unit (1.6 s) has left the window; e2's (3.2 s) is in it, with h2's.
+    // e1's unit (1.501 s) has left the window; e2's (3.002 s) is in it, with h2's.
     sleep_until(at(3300)).await;
     let e1 = tokio::spawn(async move {
         let _ = e1.await.unwrap();
@@ -505,8 +511,8 @@ async fn a_head_is_woken_for_the_units_a_later_waiter_polled_late_gives_back() {
         let _ = e2.await.unwrap();
         Instant::now()
     });
-    // e1 takes e2's unit now; e2 waits for h2's to leave (4.8 s).
+    // e1 takes e2's unit now; e2 waits for h2's to leave (4.503 s).
     assert_eq!(e1.await.unwrap() - start, ms(3300), "e1 takes e2's unit");
-    assert_eq!(e2.await.unwrap() - start, ms(4800));
+    assert_eq!(e2.await.unwrap() - start, ms(4503));
     assert_eq!(q.stats().undone, 2);
 }

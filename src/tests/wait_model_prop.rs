@@ -2,9 +2,10 @@
 //! behaviour (paused clock, strict precision, bucket boundaries on whole
 //! milliseconds).
 //!
-//! The model replays the ring's strict rule (a unit recorded in slot `x` counts
-//! in slots `x..=x + N`) and the queue's FIFO rule (a request is admitted no
-//! earlier than the request before it, at the earliest instant its cost fits).
+//! The model replays the ring's strict rule (a bucket's units count until its
+//! newest admission has left the window) and the queue's FIFO rule (a request
+//! is admitted no earlier than the request before it, at the timer's first
+//! millisecond at which its cost fits).
 //! When every request is awaited (or dropped at once, which must change
 //! nothing), each outcome is checked against it exactly:
 //! - cost 0 passes at once; a cost above the limit is rejected at once;
@@ -37,7 +38,7 @@ use tokio::time::{sleep_until, Instant};
 
 #[path = "../../tests/wait_model/mod.rs"]
 mod wait_model;
-use wait_model::{drive, earliest, ms_since, Action, Geo};
+use wait_model::{drive, earliest, fits, ms_since, Action, Geo};
 
 #[derive(Debug, Clone)]
 struct Req {
@@ -187,7 +188,21 @@ fn check_model(
     let mut keys: [KeyModel; 3] = Default::default();
     for (i, (r, o)) in requests.iter().zip(obs).enumerate() {
         if r.action == Action::DropAtOnce {
-            continue; // must leave no trace
+            // Admitted on arrival and dropped unpolled: its units go back at
+            // once, but its bucket keeps its instant as the newest admission
+            // (a bucket's newest offset never moves earlier): a record of no
+            // units. Any other drop leaves no trace.
+            let m = &mut keys[r.key as usize];
+            let t = r.at_ms;
+            let nobody_waits = m.queued.iter().all(|&a| a < t);
+            let at_once = r.cost > 0
+                && r.cost <= geo.limit
+                && nobody_waits
+                && fits(std::slice::from_ref(geo), &m.records, t, r.cost);
+            if at_once && !o.waiting {
+                m.records.push((t, 0));
+            }
+            continue;
         }
         let t = r.at_ms;
         prop_assert_eq!(o.arrived, t);
@@ -321,18 +336,25 @@ fn check_invariants(
             i
         );
         let same_key = admitted.iter().filter(|b| b.1.key == r.key);
+        // A waiter collected late was admitted between the start of its
+        // bucket (and its arrival) and its collection: count the units that
+        // lie in one window whatever their instants in those ranges.
+        let earliest = |b: &(usize, &Req, u64, u64, &Obs)| b.4.arrived.max(b.3 * geo.width);
+        let from = earliest(&(i, r, at, slot, o));
         let in_window: u64 = same_key
             .clone()
-            .filter(|b| b.2 >= at && b.2 <= at + window_ms)
+            .filter(|b| earliest(b) >= from && b.2 < from + window_ms)
             .map(|b| b.1.cost as u64)
             .sum();
         prop_assert!(
             in_window <= geo.limit as u64,
-            "{in_window} units in [{at}, +W]"
+            "{in_window} units in [{from}, +W)"
         );
+        // N consecutive buckets (the oldest of N + 1 counts until its
+        // newest admission has left).
         let in_span: u64 = same_key
             .clone()
-            .filter(|b| b.3 <= slot && b.3 + geo.n >= slot)
+            .filter(|b| b.3 <= slot && b.3 + geo.n > slot)
             .map(|b| b.1.cost as u64)
             .sum();
         prop_assert!(

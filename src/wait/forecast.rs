@@ -15,6 +15,21 @@ use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// A wait ends on a tokio timer, which fires at whole milliseconds: an
+/// admission that must wait is forecast at the next one, when it will happen.
+const TIMER_TICK: u64 = 1_000_000;
+
+/// `t` (ns after the forecast's base), rounded up to the timer's tick when it
+/// lies after `from`, the earliest instant asked about: a request that fits at
+/// once passes at once.
+fn on_timer(t: u64, from: u64) -> u64 {
+    if t > from {
+        t.div_ceil(TIMER_TICK).saturating_mul(TIMER_TICK).max(t)
+    } else {
+        t
+    }
+}
+
 /// One policy's forecast window, in its own clock's nanoseconds.
 struct Window {
     g: Geometry,
@@ -234,7 +249,8 @@ impl Forecast {
     /// earlier than `now` and than the latest admission. `cost` must fit every
     /// limit (see [`Forecast::too_costly`]).
     pub(crate) fn next(&self, cost: u32, now: Instant) -> Next {
-        let mut t = self.offset(now);
+        let from = self.offset(now);
+        let mut t = from;
         let mut binding = 0;
         // Fitting is monotone in time (units only leave), so raising `t` to the
         // latest policy's answer until all agree reaches the earliest joint time.
@@ -252,6 +268,8 @@ impl Forecast {
             }
             t = latest;
         }
+        // Units only leave as time passes: what fits at `t` fits later too.
+        let t = on_timer(t, from);
         let fingerprint = fingerprint(
             self.windows
                 .iter()
@@ -269,7 +287,8 @@ impl Forecast {
     /// earlier than `now` and than the latest admission. `cost` must fit every
     /// limit.
     pub(crate) fn earliest(&self, cost: u32, now: Instant) -> Instant {
-        let mut t = self.offset(now);
+        let from = self.offset(now);
+        let mut t = from;
         // Monotone in time as in `next`: an interpolated weight only falls.
         loop {
             let latest = self
@@ -278,7 +297,7 @@ impl Forecast {
                 .map(|w| w.earliest(cost, w.base + t) - w.base)
                 .fold(t, u64::max);
             if latest == t {
-                return self.base + Duration::from_nanos(t);
+                return self.base + Duration::from_nanos(on_timer(t, from));
             }
             t = latest;
         }
@@ -352,9 +371,10 @@ mod tests {
             f.commit(1, next);
             admitted.push((f.instant(next) - base).as_millis());
         }
-        // Two at once (the short policy is full), the third when the short window
-        // frees (400 ms), then the long policy binds until 1.6 s.
-        assert_eq!(admitted, [0, 0, 400, 1600, 1600, 2000, 3200]);
+        // Two at once (the short policy is full), the third when the short
+        // window frees (300 ms after them, at the timer's next millisecond),
+        // then the long policy binds: 1.5 s after the first three.
+        assert_eq!(admitted, [0, 0, 301, 1501, 1501, 1802, 3002]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -364,12 +384,18 @@ mod tests {
         s.now = 250_000_000; // slot 2
         s.slot = 2;
         s.counts = vec![1, 1, 1, 0]; // slots 2, 1, 0
+        s.newest = vec![0; 4]; // each admitted at its slot's start
+        let g = s.geometry;
         let f = Forecast::new(vec![s], base);
         let next = f.next(2, base);
-        // Slot 0 leaves at slot 4 (400 ms), slot 1 at 500 ms: 2 units fit then.
-        assert_eq!(f.instant(next) - base, Duration::from_millis(250));
-        let d = f.denial(0, 2, base, Duration::from_millis(250));
-        assert_eq!((d.remaining(), d.reset()), (0, Duration::from_millis(350)));
+        // Slot 0's unit leaves 300 ms after it (to a step of the bucket),
+        // slot 1's 300 ms after it: 2 units fit then, at the timer's next
+        // millisecond (401 ms).
+        assert!(g.leaves(1, 0) > 400_000_000 && g.leaves(1, 0) < 401_000_000);
+        assert_eq!(f.instant(next) - base, Duration::from_millis(151));
+        let d = f.denial(0, 2, base, Duration::from_millis(151));
+        let reset = Duration::from_nanos(g.leaves(2, 0) - 250_000_000);
+        assert_eq!((d.remaining(), d.reset()), (0, reset));
         assert_eq!(f.too_costly(4), Some(0));
     }
 }

@@ -26,33 +26,68 @@ pub struct Geo {
     pub n: u64,
 }
 
+const MS: u64 = 1_000_000;
+
 impl Geo {
     pub fn slot(&self, t: u64) -> u64 {
         t / self.width
     }
+
+    /// The offset of the instant `t` ms in its bucket, in 1/2^16 of the
+    /// bucket's width: at least the exact one, at most a step more (the
+    /// multiplier the crate computes it with).
+    fn offset(&self, t: u64) -> u64 {
+        let w = self.width * MS;
+        let into = (t % self.width) * MS;
+        let m = (1u128 << 64).div_ceil(w as u128);
+        (((into as u128) * m) >> 48).min(0xFFFF) as u64
+    }
+
+    /// The instant (ns) the units of slot `x`'s bucket, the newest admitted
+    /// at `offset`, have all left the window: that admission's instant, to
+    /// a step of the bucket, plus the window.
+    fn leaves(&self, x: u64, offset: u64) -> u64 {
+        let w = self.width * MS;
+        let newest = ((offset as u128 + 1) * w as u128).div_ceil(1 << 16) as u64 - 1;
+        (x + self.n) * w + newest
+    }
+
+    /// For each bucket of `records` (instant ms, cost) still counting at `t`
+    /// ms: its units and when they leave (ns). A bucket counts until its
+    /// newest admission has left the window.
+    fn counting(&self, records: &[(u64, u32)], t: u64) -> Vec<(u64, u64)> {
+        let mut buckets: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+        for &(rt, c) in records {
+            let b = buckets.entry(self.slot(rt)).or_default();
+            b.0 += c as u64;
+            b.1 = b.1.max(self.offset(rt));
+        }
+        buckets
+            .into_iter()
+            .map(|(x, (units, offset))| (units, self.leaves(x, offset)))
+            .filter(|&(units, leaves)| units > 0 && leaves > t * MS)
+            .collect()
+    }
 }
 
 /// Whether `cost` more fits every policy at `t`, given the (instant ms, cost)
-/// of every admission: a unit recorded in slot `x` counts in slots `x..=x + N`.
+/// of every admission.
 pub fn fits(geos: &[Geo], records: &[(u64, u32)], t: u64, cost: u32) -> bool {
     geos.iter().all(|g| {
-        let s = g.slot(t);
-        let used: u64 = records
-            .iter()
-            .filter(|&&(rt, _)| g.slot(rt) + g.n >= s)
-            .map(|&(_, c)| c as u64)
-            .sum();
+        let used: u64 = g.counting(records, t).iter().map(|b| b.0).sum();
         used + cost as u64 <= g.limit as u64
     })
 }
 
-/// The earliest instant from `t0` at which `cost` more fits every policy.
+/// The earliest instant from `t0` at which `cost` more fits every policy:
+/// when enough buckets have left, at the timer's next whole millisecond.
 pub fn earliest(geos: &[Geo], records: &[(u64, u32)], t0: u64, cost: u32) -> u64 {
     let mut t = t0;
     while !fits(geos, records, t, cost) {
         t = geos
             .iter()
-            .map(|g| (g.slot(t) + 1) * g.width)
+            .flat_map(|g| g.counting(records, t))
+            .map(|(_, leaves)| leaves.div_ceil(MS))
             .min()
             .unwrap();
     }
