@@ -105,10 +105,16 @@ impl<K: Hash + Eq, H: Head> Writing<'_, K, H> {
     }
 
     /// Track `key`, absent from the table, with a ring at slot `s` holding
-    /// `counts` ([`Ring::init`]); its position.
-    pub(crate) fn insert(&mut self, hash: u64, key: K, init: (&Geometry, u64, &[u64])) -> usize {
-        let (g, s, counts) = init;
-        self.table.insert(hash, key, |ring| ring.init(g, s, counts))
+    /// `counts` with their newest offsets ([`Ring::init`]); its position.
+    pub(crate) fn insert(
+        &mut self,
+        hash: u64,
+        key: K,
+        init: (&Geometry, u64, &[u64], &[u16]),
+    ) -> usize {
+        let (g, s, counts, newest) = init;
+        self.table
+            .insert(hash, key, |ring| ring.init(g, s, counts, newest))
     }
 
     /// The position of `key`, found, or added with the key `owned` gives and
@@ -158,7 +164,7 @@ mod tests {
         let p: Partition<u64, Compact> = Partition::new(g.ring_len());
         for k in 0..1_000u64 {
             let mut w = p.write();
-            w.insert(h.hash_one(k), k, (&g, 0, &[1]));
+            w.insert(h.hash_one(k), k, (&g, 0, &[1], &[]));
         }
         let bytes = p.bytes();
         assert!(bytes > 80_000, "{bytes} bytes");
@@ -179,7 +185,7 @@ mod tests {
         let g = Geometry::new(&Policy::per(3, Duration::from_secs(1)).unwrap());
         let h = KeyHasher::default();
         let p: Partition<u64, Compact> = Partition::new(g.ring_len());
-        p.write().insert(h.hash_one(7u64), 7, (&g, 0, &[]));
+        p.write().insert(h.hash_one(7u64), 7, (&g, 0, &[], &[]));
         let first = p.read();
         let second = p.read();
         assert!(p.try_write().is_none(), "a writer while checks read");

@@ -83,7 +83,7 @@ impl Policy {
     /// limit up to 65 535; indexed by a mask), put `retry_after` within 1/15 of
     /// the window, and keep strict-mode utilisation at saturation at 15/16 ≈
     /// 94% or better.
-    pub const DEFAULT_BUCKETS: u32 = 15;
+    pub const DEFAULT_BUCKETS: u32 = 7;
     /// The most buckets a window may be cut into.
     pub const MAX_BUCKETS: u32 = 4096;
     /// The longest window accepted (2^62 ns, about 146 years): slot arithmetic

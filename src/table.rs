@@ -347,7 +347,7 @@ mod tests {
 
     /// Track `k` with one unit at `now`.
     fn add(t: &mut Table<u64, Compact>, g: &Geometry, h: &KeyHasher, k: u64, now: u64) -> usize {
-        let i = t.insert(h.hash_one(k), k, |ring| ring.init(g, g.slot(now), &[]));
+        let i = t.insert(h.hash_one(k), k, |ring| ring.init(g, g.slot(now), &[], &[]));
         assert!(t.ring(i).acquire(g, now, 1).is_allowed());
         i
     }
@@ -446,7 +446,7 @@ mod tests {
         let mut t: Table<std::sync::Arc<u64>, Compact> = Table::new(g.ring_len());
         let keys: Vec<_> = (0..100).map(std::sync::Arc::new).collect();
         for k in &keys {
-            t.insert(h.hash_one(k), k.clone(), |ring| ring.init(&g, 0, &[1]));
+            t.insert(h.hash_one(k), k.clone(), |ring| ring.init(&g, 0, &[1], &[]));
         }
         assert!(keys.iter().all(|k| std::sync::Arc::strong_count(k) == 2));
         // The even keys are used again later; the odd ones go idle and are

@@ -198,10 +198,10 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
                 // overflow ring's counts, taken after the mark was read, so it
                 // holds them.
                 if g.slot(start) < self.overflow_mark(key) {
-                    let (s, counts) = self.overflow.ring().counts_by_age(g, start);
-                    ring.init(g, s, &counts);
+                    let (s, counts, newest) = self.overflow.ring().window_by_age(g, start);
+                    ring.init(g, s, &counts, &newest);
                 } else {
-                    ring.init(g, g.slot(start), &[]);
+                    ring.init(g, g.slot(start), &[], &[]);
                 }
             },
         );

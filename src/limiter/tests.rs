@@ -464,17 +464,24 @@ fn undo_gives_units_back_to_the_key_or_the_overflow_ring() {
 #[test]
 fn reset_is_the_time_until_the_youngest_unit_leaves() {
     let (l, clock) = limiter(2, 10);
-    // 1 s window in 15 buckets of 66.67 ms: a unit in slot 0 is counted through
-    // slot 15, so it leaves at 16 * 66_666_667 ns.
-    let d = l.check(&1);
-    assert_eq!(d.reset(), Duration::from_nanos(16 * 66_666_667));
+    // A unit leaves the window one window (1 s) after its admission, to a
+    // step of its bucket (1/65 536 of the bucket's width).
+    let step = 1_000_000_000 / u64::from(Policy::DEFAULT_BUCKETS) / 65_536 + 1;
+    let leaves_in = |d: Decision| {
+        let reset = d.reset().as_nanos() as u64;
+        assert!(
+            (1_000_000_000..=1_000_000_000 + step).contains(&reset),
+            "{d:?}"
+        );
+        reset
+    };
+    leaves_in(l.check(&1));
     clock.set(500_000_000);
-    let d = l.check(&1);
-    let slot = 500_000_000 / 66_666_667;
-    assert_eq!(
-        d.reset(),
-        Duration::from_nanos((slot + 16) * 66_666_667 - 500_000_000)
-    );
+    let reset = leaves_in(l.check(&1));
+    // The first unit has left by then; the second leaves after that.
+    clock.set(500_000_000 + reset - 1);
+    assert_eq!(l.usage(&1).used, 1);
+    assert_eq!(l.usage(&1).reset, Duration::from_nanos(1));
     assert_eq!(l.usage(&9).reset, Duration::ZERO);
 }
 

@@ -148,7 +148,11 @@ impl Geometry {
         if self.precision == Precision::Interpolated {
             return u16::MAX;
         }
-        offset_of(now.saturating_sub(s * self.width), self.offset_mul)
+        offset_of(
+            now.saturating_sub(s * self.width),
+            self.width,
+            self.offset_mul,
+        )
     }
 
     /// The instant the units of the bucket of slot `x`, the newest admitted
@@ -362,16 +366,17 @@ pub(crate) fn lines_for<H: Head>(words: usize) -> Box<[LineOf<H>]> {
 impl<H: Head> OwnedRing<H> {
     /// An empty ring entered at `now`.
     pub(crate) fn new(g: &Geometry, now: u64) -> OwnedRing<H> {
-        OwnedRing::seeded(g, g.slot(now), &[])
+        OwnedRing::seeded(g, g.slot(now), &[], &[])
     }
 
-    /// A ring entered at slot `s` holding `counts` by age ([`Ring::init`]).
-    pub(crate) fn seeded(g: &Geometry, s: u64, counts: &[u64]) -> OwnedRing<H> {
+    /// A ring entered at slot `s` holding `counts` by age, with their newest
+    /// offsets ([`Ring::init`]).
+    pub(crate) fn seeded(g: &Geometry, s: u64, counts: &[u64], newest: &[u16]) -> OwnedRing<H> {
         let owned = OwnedRing {
             head: H::new(0, None),
             lines: lines_for::<H>(g.ring_len()),
         };
-        owned.ring().init(g, s, counts);
+        owned.ring().init(g, s, counts, newest);
         owned
     }
 
@@ -379,8 +384,8 @@ impl<H: Head> OwnedRing<H> {
     /// added meanwhile may or may not be in it), entered at the slot a check at
     /// `now` would run at here.
     pub(crate) fn copy(&self, g: &Geometry, now: u64) -> OwnedRing<H> {
-        let (s, counts) = self.ring().counts_by_age(g, now);
-        OwnedRing::seeded(g, s, &counts)
+        let (s, counts, newest) = self.ring().window_by_age(g, now);
+        OwnedRing::seeded(g, s, &counts, &newest)
     }
 
     #[inline(always)]
@@ -430,14 +435,17 @@ impl<'a, H: Head> Ring<'a, H> {
     }
 
     /// The words of an empty ring entered at slot `s` holding `counts[a]`
-    /// units at slot `s - a` for each age `a` in `0..=N` (a count past the
-    /// bucket's range is held at its largest, never below a limit the layout
-    /// takes; ages beyond `N` or before slot 0 are left out): the bucket at
-    /// position `p`, and the base of `s`.
+    /// units at slot `s - a` for each age `a` in `0..=N`, the newest of them
+    /// admitted at offset `newest[a]` (the slot's end where `newest` says
+    /// nothing: never earlier than they were) (a count past the bucket's
+    /// range is held at its largest, never below a limit the layout takes;
+    /// ages beyond `N` or before slot 0 are left out): the bucket at position
+    /// `p`, and the base of `s`.
     fn seeded_words<'c>(
         g: &Geometry,
         s: u64,
         counts: &'c [u64],
+        newest: &'c [u16],
     ) -> (impl Fn(usize) -> u64 + 'c, Option<u64>) {
         let counts = &counts[..counts.len().min(g.ring_len())];
         let held = |units: u64| units.min(count_max::<H::Bucket>());
@@ -450,7 +458,10 @@ impl<'a, H: Head> Ring<'a, H> {
         let word = move |p: usize| {
             let a = geometry.age_at(s, p);
             match counts.get(a as usize) {
-                Some(&units) if units > 0 && a <= s => pack::<H::Bucket>(s - a, held(units)),
+                Some(&units) if units > 0 && a <= s => {
+                    let offset = newest.get(a as usize).copied().unwrap_or(u16::MAX);
+                    pack_at::<H::Bucket>(s - a, held(units), offset)
+                }
                 // Buckets without units hold the stale tags of an empty ring.
                 _ => pack::<H::Bucket>(geometry.stale_tag(s, p), 0),
             }
@@ -468,8 +479,8 @@ impl<'a, H: Head> Ring<'a, H> {
     /// the limit a check compares with (a limit lowered since they were
     /// admitted): checks then deny until enough of them leave the span, as the
     /// protocol does for any span over its limit.
-    pub(crate) fn init(&self, g: &Geometry, s: u64, counts: &[u64]) {
-        let (word, base) = Self::seeded_words(g, s, counts);
+    pub(crate) fn init(&self, g: &Geometry, s: u64, counts: &[u64], newest: &[u16]) {
+        let (word, base) = Self::seeded_words(g, s, counts, newest);
         for p in 0..g.ring_len() {
             self.word(p).store_unpublished(word(p));
         }
@@ -1141,6 +1152,7 @@ impl<'a, H: Head> Ring<'a, H> {
     /// The slot a check at `now` would run at, and the units counted at each age
     /// `0..=N` relative to it (index = age). A plain read, nothing counted: the
     /// wait queue forecasts admission times from it.
+    #[cfg(test)]
     pub(crate) fn counts_by_age(&self, g: &Geometry, now: u64) -> (u64, Vec<u64>) {
         let (s, counts, _) = self.window_by_age(g, now);
         (s, counts)
@@ -1608,7 +1620,7 @@ mod tests {
                 let t = (slot + 1) * 100 * MS - 1;
                 assert!(checked.acquire(&wide, t, cost).is_allowed());
             }
-            let seeded = OwnedRing::<H>::seeded(&g, 7, &[1, 0, 2, 0, 0, 1]);
+            let seeded = OwnedRing::<H>::seeded(&g, 7, &[1, 0, 2, 0, 0, 1], &[]);
             let seeded = seeded.ring();
             // Over a lowered limit (2) both deny until enough units leave.
             for t in [750, 1250, 1299, 1300, 1500, 1700, 1800] {
@@ -2098,7 +2110,7 @@ mod tests {
         // Carried from a wider ring: never below any limit the layout takes.
         let g = geometry(3, 1000, 10, Precision::Strict);
         let big = count_max::<H::Bucket>() + 10;
-        let owned = OwnedRing::<H>::seeded(&g, 5, &[0, big]);
+        let owned = OwnedRing::<H>::seeded(&g, 5, &[0, big], &[]);
         let (_, counts) = owned.ring().counts_by_age(&g, 500 * MS);
         assert_eq!(counts[1], count_max::<H::Bucket>());
         assert!(!owned.ring().acquire(&g, 500 * MS, 1).is_allowed());

@@ -156,7 +156,7 @@ fn p(name: &str, limit: u32) -> Policy {
 /// denied by p1 and gives p0's units back; meanwhile `b` (cost 1) was denied by
 /// p0 for them and became the head of the key's queue, polled at once. Once `a`
 /// has given them back, every unit `b` needs is free and nobody is ahead of it:
-/// it must be served then, not when its stale denial said (1.1 s).
+/// it must be served then, not when its stale denial said (1 s).
 #[tokio::test(start_paused = true)]
 async fn a_head_denied_for_units_another_request_gives_back_is_woken_for_them() {
     let start = Instant::now();
@@ -197,15 +197,16 @@ async fn a_head_denied_for_units_another_request_gives_back_is_woken_for_them() 
         .iter()
         .map(|&(cost, t)| (cost, t - start))
         .collect();
-    // b at once; a when b's unit and p1's two leave their windows (1.1 s).
-    assert_eq!(at, [(1, ms(0)), (2, ms(1100))]);
+    // b at once; a when b's unit and p1's two leave their windows, a second
+    // after them (to a step of the bucket), at the timer's next millisecond.
+    assert_eq!(at, [(1, ms(0)), (2, ms(1001))]);
 }
 
 /// As above, but `a` (cost 2) is above p1's limit: it is turned away at once,
 /// after `b`'s check outside the key's lock was denied for the units `a` held
-/// in p0 (until 1.6 s), and before `b` joined the key's (then empty) queue.
+/// in p0 (until 1.5 s), and before `b` joined the key's (then empty) queue.
 /// `b` becomes the head: it must wait only for what it still needs once `a`
-/// has given its units back (p1's unit, until 1.1 s), not sleep on that denial.
+/// has given its units back (p1's unit, until 1 s), not sleep on that denial.
 #[tokio::test(start_paused = true)]
 async fn a_new_head_does_not_sleep_on_a_denial_taken_before_units_came_back() {
     let start = Instant::now();
@@ -244,5 +245,5 @@ async fn a_new_head_does_not_sleep_on_a_denial_taken_before_units_came_back() {
         .iter()
         .map(|&(cost, t)| (cost, t - start))
         .collect();
-    assert_eq!(at, [(1, ms(1100))], "b is served when p1's unit leaves");
+    assert_eq!(at, [(1, ms(1001))], "b is served when p1's unit leaves");
 }

@@ -70,7 +70,9 @@ impl Geometry {
     /// mode weighs whole slots: their ends).
     fn offset(&self, t: u64) -> u16 {
         match self.precision {
-            Precision::Strict => offset_of(t % self.width, offset_multiplier(self.width)),
+            Precision::Strict => {
+                offset_of(t % self.width, self.width, offset_multiplier(self.width))
+            }
             _ => u16::MAX,
         }
     }

@@ -184,7 +184,7 @@ impl Window {
 
     /// A denial of `cost` to report, as of clock time `now`, telling `wait`.
     fn denial(&self, cost: u32, now: u64, wait: Duration) -> Decision {
-        let (n, w, limit) = (self.g.buckets(), self.g.width(), self.g.limit());
+        let (n, limit) = (self.g.buckets(), self.g.limit());
         let slot = self.g.slot(now).max(self.slot);
         let strict = self.g.precision() == Precision::Strict;
         let live = self.buckets.iter().filter(|&&(x, _, o)| {

@@ -34,13 +34,9 @@ impl Geo {
     }
 
     /// The offset of the instant `t` ms in its bucket, in 1/2^16 of the
-    /// bucket's width: at least the exact one, at most a step more (the
-    /// multiplier the crate computes it with).
+    /// bucket's width, rounded down.
     fn offset(&self, t: u64) -> u64 {
-        let w = self.width * MS;
-        let into = (t % self.width) * MS;
-        let m = (1u128 << 64).div_ceil(w as u128);
-        (((into as u128) * m) >> 48).min(0xFFFF) as u64
+        (t % self.width) * (1 << 16) / self.width
     }
 
     /// The instant (ns) the units of slot `x`'s bucket, the newest admitted
