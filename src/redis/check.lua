@@ -5,15 +5,18 @@
 --
 -- KEYS[1]  the key: a string packed with struct.pack, written whole by each
 --          call that changes it and expiring (PX) once its newest units have
---          left the window. A header '<BdI4ddd': format 2, the bucket width w
+--          left the window. A header '<BdI4ddd': format 3, the bucket width w
 --          (µs) and count N its slots are numbered in, the newest slot entered,
 --          the slot at which it was last converted from another width (-1:
 --          never), and the key's incarnation (the microsecond it was created:
 --          a key lost and created again is another incarnation); then one
---          record '<dI4' per slot holding units inside the span (slot, units),
---          newest first. Format 1 (the same without the incarnation) is read
---          and written back as format 2. One GET and one SET: a hash of a
---          field per slot costs a command more and a string per field.
+--          record '<dI4H' per slot holding units inside the span (slot, units,
+--          the offset of the newest admission inside the slot, in 1/65 536 of
+--          w: src/rule.rs), newest first. Formats 1 (without the incarnation)
+--          and 2 (records without offsets) are read, their records as admitted
+--          at their slots' ends, and written back as format 3. One GET and one
+--          SET: a hash of a field per slot costs a command more and a string
+--          per field.
 --          A record may lie ahead of the newest slot: a conversion to a
 --          narrower width puts an old slot's units at the new slot holding the
 --          old one's last instant, which may not have come yet.
@@ -39,11 +42,17 @@
 -- ARGV[13] optional: "1" for a charge, whose cost is counted whether it fits
 --          or not (an excess known only after the response; any cost).
 --
--- Returns {allowed (0/1), remaining, retry_after_us, reset_us, slot, granted,
+-- Returns {allowed (0/1), remaining, retry_after_ns, reset_ns, slot, granted,
 -- valid_us, incarnation, handed_back}: `granted` units counted at `slot` (the
 -- cost and a lease's extra units, 0 when denied), usable for `valid_us`, until
 -- the slot ends, in this `incarnation` of the key; `handed_back` of the units
--- handed back were lowered (0: refused).
+-- handed back were lowered (0: refused). Waits are in nanoseconds: a bucket's
+-- units leave the window at its newest admission's instant, to 1/65 536 of
+-- the bucket, plus the window, as the in-memory ring counts them.
+--
+-- Strict mode counts the oldest bucket of the span (age N) only until its
+-- newest admission has left the window; interpolated mode weighs it by its
+-- slot and records offsets at slots' ends.
 --
 -- Every decision runs this, so its common path (a check of a key whose newest
 -- record is the current slot, or a new slot) unpacks the header and the
@@ -64,7 +73,26 @@ if not now then
 end
 
 local HDR = 38 -- where the first record starts (the header is 37 bytes)
-local REC = 12
+local REC = 14
+local STEPS = 65536
+local MAX_OFFSET = STEPS - 1
+
+-- The latest nanosecond into a slot that offset `o` stands for:
+-- ceil((o + 1) * w_ns / 2^16) - 1, split so that every product stays exact
+-- in a double.
+local wns = w * 1000
+local wq = math.floor(wns / STEPS)
+local wr = wns - wq * STEPS
+local function newest_ns(o)
+  local k = o + 1
+  return k * wq + math.ceil(k * wr / STEPS) - 1
+end
+
+-- Nanoseconds from `t` (µs) until the units of slot `x`, the newest at `o`,
+-- have all left the window (negative once they have).
+local function leaves_in(x, o, t)
+  return ((x + n) * w - t) * 1000 + newest_ns(o)
+end
 
 -- s = floor(now / w), corrected for the double division's rounding.
 local s = math.floor(now / w)
@@ -81,11 +109,21 @@ if v then
   local version = string.byte(v, 1)
   if version == 1 then
     -- Written by an older version: incarnation 0 (a key created here never
-    -- has it), written back as format 2.
+    -- has it), then read as format 2.
     local kw, kn, nw, cv = struct.unpack('<dI4dd', v, 2)
     v = struct.pack('<BdI4ddd', 2, kw, kn, nw, cv, 0) .. string.sub(v, 30)
+    version = 2
+  end
+  if version == 2 then
+    -- Records without offsets: their units as admitted at their slots' ends.
+    local parts = {string.char(3) .. string.sub(v, 2, HDR - 1)}
+    for pos = HDR, #v - 1, 12 do
+      local slot, c = struct.unpack('<dI4', v, pos)
+      parts[#parts + 1] = struct.pack('<dI4H', slot, c, MAX_OFFSET)
+    end
+    v = table.concat(parts)
     dirty = true
-  elseif version ~= 2 then
+  elseif version ~= 3 then
     return redis.error_reply('tower-sliding-window: ' .. key .. ' is of an unknown format')
   end
   local kw, kn
@@ -115,7 +153,7 @@ if v then
     if held > s and held <= s + n then s = held end
     local moved, slots = {}, {}
     for pos = HDR, #v - 1, REC do
-      local o, c = struct.unpack('<dI4', v, pos)
+      local o, c = struct.unpack('<dI4H', v, pos)
       a = (o + 1) * kw - 1
       local p = math.floor(a / w)
       if p * w > a then p = p - 1 elseif (p + 1) * w <= a then p = p + 1 end
@@ -125,8 +163,11 @@ if v then
       end
     end
     table.sort(slots, function(x, y) return x > y end)
-    local out = {struct.pack('<BdI4ddd', 2, w, n, s, s, born)}
-    for i = 1, #slots do out[i + 1] = struct.pack('<dI4', slots[i], moved[slots[i]]) end
+    local out = {struct.pack('<BdI4ddd', 3, w, n, s, s, born)}
+    for i = 1, #slots do
+      -- As admitted at the end of the slot holding the old slot's end.
+      out[i + 1] = struct.pack('<dI4H', slots[i], moved[slots[i]], MAX_OFFSET)
+    end
     v = table.concat(out)
     newest, conv, dirty, same = s, s, true, false
   elseif kn ~= n then
@@ -152,30 +193,43 @@ if more and ARGV[12] and same and tonumber(ARGV[12]) == born then
   back, back_slot = tonumber(ARGV[10]), tonumber(ARGV[11])
 end
 
+-- The instant this check runs at: its clock, or the start of the newest slot
+-- when the clock is behind it (its units count as admitted then, as the
+-- ring's do).
+local at = now
+if at < s * w then at = s * w end
+
 -- The records inside the span [s - N, s] (and any ahead of it) are those
 -- before `cut` (newest first, so the stale ones are a tail, dropped by not
 -- copying it).
-local used, oldest, cut = 0, 0, HDR
-local first_slot, first_count = -1, 0 -- the newest record
+local used, oldest, oldest_off, cut = 0, 0, MAX_OFFSET, HDR
+local first_slot, first_count, first_off = -1, 0, 0 -- the newest record
 local back_pos = nil -- the record units are handed back to
 if v then
   for pos = HDR, #v - 1, REC do
-    local slot, c = struct.unpack('<dI4', v, pos)
+    local slot, c, o = struct.unpack('<dI4H', v, pos)
     local a = s - slot
     if a > n then break end
-    if pos == HDR then first_slot, first_count = slot, c end
+    if pos == HDR then first_slot, first_count, first_off = slot, c, o end
     if slot == back_slot and back > 0 and slot > conv then
       if back > c then back = c end
       c = c - back
       back_pos = pos
     end
-    if a == n then oldest = c end
+    if a == n then oldest, oldest_off = c, o end
     used = used + c
     cut = pos + REC
   end
   if cut <= #v then dirty = true end
 end
 if not back_pos then back = 0 end
+
+-- Strict: the oldest bucket no longer counts once its newest admission has
+-- left the window.
+local gone = 0
+if not interpolated and oldest > 0 and leaves_in(s - n, oldest_off, at) <= 0 then
+  gone = oldest
+end
 
 -- Interpolated: the window [now - W, now] still covers (w - elapsed) of the oldest
 -- bucket, whose units are weighted by that share; the remaining units are then
@@ -193,12 +247,13 @@ if interpolated then
   local over = used + cost - limit
   fits = over <= 0 or (over <= oldest and over * w <= oldest * elapsed)
 else
-  fits = used + cost <= limit
+  fits = used - gone + cost <= limit
 end
 
 -- A charge counts its cost past the limit if need be: the key's checks are
 -- then denied until the window is back under it.
-if more and ARGV[13] == '1' then fits = true end
+local charge = more and ARGV[13] == '1'
+if charge then fits = true end
 
 local valid = (s + 1) * w - now
 if valid > w then valid = w end
@@ -220,10 +275,24 @@ if fits then
   end
 end
 
+-- The newest offset of the current slot's units after this check: its own
+-- admission's (the offset of `at` in slot s, rounded down: src/rule.rs), or
+-- the slot's end for a lease (its units may be used until then) and in
+-- interpolated mode.
+local my_off = MAX_OFFSET
+if not interpolated and granted <= cost then
+  local into = (at - s * w) * STEPS
+  my_off = math.floor(into / w)
+  if my_off * w > into then my_off = my_off - 1 elseif (my_off + 1) * w <= into then my_off = my_off + 1 end
+  if my_off > MAX_OFFSET then my_off = MAX_OFFSET end
+end
+local cur_off = my_off
+if first_slot == s and first_off > cur_off then cur_off = first_off end
+
 -- Write the key when something changed: units counted or handed back, stale
 -- records dropped, a conversion, or a newer slot entered by a check that
 -- counted nothing (a denial: the ring publishes its newest slot too).
-local youngest = first_slot -- the newest slot holding units
+local youngest, youngest_off = first_slot, first_off -- the newest record
 if granted > 0 or back > 0 or dirty or (s > newest and used > 0) then
   local value
   if back == 0 and first_slot <= s then
@@ -232,36 +301,41 @@ if granted > 0 or back > 0 or dirty or (s > newest and used > 0) then
     local from = HDR
     local head
     if granted == 0 then
-      head = struct.pack('<BdI4ddd', 2, w, n, s, conv, born)
+      head = struct.pack('<BdI4ddd', 3, w, n, s, conv, born)
     elseif first_slot == s then
-      head = struct.pack('<BdI4ddddI4', 2, w, n, s, conv, born, s, first_count + granted)
+      head = struct.pack('<BdI4ddddI4H', 3, w, n, s, conv, born, s, first_count + granted, cur_off)
       from = HDR + REC
     else
-      head = struct.pack('<BdI4ddddI4', 2, w, n, s, conv, born, s, granted)
+      head = struct.pack('<BdI4ddddI4H', 3, w, n, s, conv, born, s, granted, cur_off)
     end
     if v and cut > from then value = head .. string.sub(v, from, cut - 1) else value = head end
   else
     -- Units handed back, or records ahead of the current slot: the records
     -- inside the span are rebuilt in order, the handed back ones lowered (or
-    -- left out once empty), the granted units added to the current slot.
+    -- left out once empty, their offsets kept otherwise), the granted units
+    -- added to the current slot.
     local recs, counted = {}, false
     for pos = HDR, cut - 1, REC do
-      local slot, c = struct.unpack('<dI4', v, pos)
+      local slot, c, o = struct.unpack('<dI4H', v, pos)
       if pos == back_pos then c = c - back end
-      if slot == s then
+      if slot == s and granted > 0 then
         c = c + granted
+        if my_off > o then o = my_off end
         counted = true
       end
-      if c > 0 then recs[#recs + 1] = {slot, c} end
+      if c > 0 then recs[#recs + 1] = {slot, c, o} end
     end
-    if granted > 0 and not counted then recs[#recs + 1] = {s, granted} end
+    if granted > 0 and not counted then recs[#recs + 1] = {s, granted, my_off} end
     table.sort(recs, function(x, y) return x[1] > y[1] end)
-    local parts = {struct.pack('<BdI4ddd', 2, w, n, s, conv, born)}
-    for i = 1, #recs do parts[i + 1] = struct.pack('<dI4', recs[i][1], recs[i][2]) end
+    local parts = {struct.pack('<BdI4ddd', 3, w, n, s, conv, born)}
+    for i = 1, #recs do parts[i + 1] = struct.pack('<dI4H', recs[i][1], recs[i][2], recs[i][3]) end
     value = table.concat(parts)
   end
   youngest = -1
-  if #value >= HDR then youngest = struct.unpack('<d', value, HDR) end
+  if #value >= HDR then
+    local ys, _, yo = struct.unpack('<dI4H', value, HDR)
+    youngest, youngest_off = ys, yo
+  end
   if youngest < 0 then
     redis.call('DEL', key)
   else
@@ -278,45 +352,78 @@ if granted > 0 or back > 0 or dirty or (s > newest and used > 0) then
   end
 end
 
--- Time until every counted unit has expired: the youngest leaves last.
+-- Time until every counted unit has left: the youngest leaves last (0 once
+-- it has, the oldest bucket gone).
 local reset = 0
-if youngest >= 0 and used > 0 then reset = (youngest + n + 1) * w - now end
-local remaining = limit - used + bonus
+if youngest >= 0 and used > 0 then
+  reset = leaves_in(youngest, youngest_off, now)
+  if reset <= (at - now) * 1000 then reset = 0 end
+end
+
+-- What is left: an admission that fits with the oldest bucket counted
+-- reports the room counting it (the ring reads that bucket only when it
+-- needs its room); a denial, or an admission that needed it, the room
+-- without it.
+local remaining
+if interpolated then
+  remaining = limit - used + bonus
+elseif granted > 0 and (charge or used - granted + cost <= limit) then
+  remaining = limit - used
+else
+  remaining = limit - used + gone
+end
 if remaining < 0 then remaining = 0 end
 
 if fits then
   return {1, remaining, 0, reset, s, granted, valid, born, back}
 end
 
--- The exact time until `cost` fits, as counts expire slot by slot (Ring::denied).
-local counts = {}
-for pos = HDR, cut - 1, REC do
-  local slot, c = struct.unpack('<dI4', v, pos)
-  if pos == back_pos then c = c - back end
-  counts[s - slot] = c
-end
+-- The exact time until `cost` fits, as the buckets leave oldest first
+-- (Ring::denied_strict_walk, Ring::denied).
 local target = limit - cost
 if target < 0 then target = 0 end
--- Units ahead of the current slot (first_slot > s) leave last.
-local last = n
-if first_slot > s then last = first_slot - s + n end
-local at = (s + last + 1) * w
-local u = used
-for k = 0, last do
-  local leaving = counts[n - k] or 0
-  local after = u - leaving
-  if after <= target then
-    if interpolated then
+local recs = {}
+for pos = HDR, cut - 1, REC do
+  local slot, c, o = struct.unpack('<dI4H', v, pos)
+  if pos == back_pos then c = c - back end
+  if c > 0 then recs[#recs + 1] = {slot, c, o} end
+end
+table.sort(recs, function(x, y) return x[1] < y[1] end)
+local wait
+if interpolated then
+  -- Units ahead of the current slot (first_slot > s) leave last.
+  local counts = {}
+  for i = 1, #recs do counts[s - recs[i][1]] = recs[i][2] end
+  local last = n
+  if first_slot > s then last = first_slot - s + n end
+  local t = (s + last + 1) * w
+  local u = used
+  for k = 0, last do
+    local leaving = counts[n - k] or 0
+    local after = u - leaving
+    if after <= target then
       -- Within slot s + k the leaving bucket's weight falls linearly.
       local excess = u - target
-      at = (s + k) * w + math.ceil(excess * w / math.max(leaving, 1))
-    else
-      at = (s + k + 1) * w
+      t = (s + k) * w + math.ceil(excess * w / math.max(leaving, 1))
+      break
     end
-    break
+    u = after
   end
-  u = after
+  wait = (t - now) * 1000
+else
+  local u = used - gone
+  wait = nil
+  for i = 1, #recs do
+    local slot, c, o = recs[i][1], recs[i][2], recs[i][3]
+    if not (slot == s - n and gone > 0) then
+      u = u - c
+      if u <= target then
+        wait = leaves_in(slot, o, now)
+        break
+      end
+    end
+  end
+  if not wait then wait = leaves_in(s, cur_off, now) end
 end
-local retry = at - now
-if retry < 1 then retry = 1 end
-return {0, remaining, retry, reset, s, 0, valid, born, back}
+if wait < 1 then wait = 1 end
+return {0, remaining, wait, reset, s, 0, valid, born, back}

@@ -209,15 +209,16 @@ impl Inner {
         }
     }
 
-    /// `{allowed, remaining, retry_after_us, reset_us, slot, granted,
+    /// `{allowed, remaining, retry_after_ns, reset_ns, slot, granted,
     /// valid_us, incarnation, handed_back}` into an answer.
     pub(super) fn parse(&self, reply: &[i64], cost: u32) -> Option<Answer> {
-        let &[allowed, remaining, retry_us, reset_us, slot, granted, valid_us, incarnation, handed_back] =
+        let &[allowed, remaining, retry_ns, reset_ns, slot, granted, valid_us, incarnation, handed_back] =
             reply
         else {
             return None;
         };
         let micros = |v: i64| u64::try_from(v).ok().map(Duration::from_micros);
+        let nanos = |v: i64| u64::try_from(v).ok().map(Duration::from_nanos);
         let outcome = match allowed {
             1 => Outcome::Allowed,
             0 => Outcome::Denied,
@@ -227,8 +228,8 @@ impl Inner {
             outcome,
             self.limit,
             u32::try_from(remaining).ok()?,
-            micros(retry_us)?,
-            micros(reset_us)?,
+            nanos(retry_ns)?,
+            nanos(reset_ns)?,
         );
         d.slot = u64::try_from(slot).ok()?;
         d.incarnation = u64::try_from(incarnation).ok()?;

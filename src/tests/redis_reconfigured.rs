@@ -123,22 +123,25 @@ async fn a_lowered_limit_denies_until_the_units_already_admitted_leave_the_windo
     let new = old
         .reconfigured(policy(2, Duration::from_secs(10), 10))
         .unwrap();
-    for t in [1_004.0, 1_008.0, 1_010.999_999] {
-        let d = new.check_at(&"k", 1, secs(t)).await.unwrap();
-        assert!(!d.is_allowed(), "at {t}: {d:?}");
+    // The 4 units admitted at 1000.5 s leave 10 s after them, to a step of
+    // their 1 s bucket (15.26 µs: at 1010.500015258 s); the one of 1003.5 s
+    // still counts.
+    let us = Duration::from_micros;
+    for t in [us(1_004_000_000), us(1_008_000_000), us(1_010_500_015)] {
+        let d = new.check_at(&"k", 1, t).await.unwrap();
+        assert!(!d.is_allowed(), "at {t:?}: {d:?}");
     }
-    // The 4 units of slot 1000 leave when slot 1011 begins; the one of slot
-    // 1003 still counts.
-    let d = new.check_at(&"k", 1, secs(1_011.0)).await.unwrap();
+    let d = new.check_at(&"k", 1, us(1_010_500_016)).await.unwrap();
     assert!(d.is_allowed(), "{d:?}");
     assert_eq!(d.remaining(), 0);
+    // The unit of 1003.5 s leaves at 1013.500015258 s.
     assert!(!new
-        .check_at(&"k", 1, secs(1_013.9))
+        .check_at(&"k", 1, us(1_013_500_015))
         .await
         .unwrap()
         .is_allowed());
     assert!(new
-        .check_at(&"k", 1, secs(1_014.0))
+        .check_at(&"k", 1, us(1_013_500_016))
         .await
         .unwrap()
         .is_allowed());
@@ -199,8 +202,10 @@ async fn a_change_of_bucket_width_keeps_the_counts_moved_later_never_earlier() {
         .is_allowed());
     let d = shorter.check_at(&"k", 1, secs(1_031.999)).await.unwrap();
     assert!(!d.is_allowed());
-    // The exact wait: until slot 517 begins.
-    assert_eq!(d.retry_after(), Some(Duration::from_micros(2_001_000)));
+    // The exact wait: the units count as admitted at the last instant of
+    // slot 516 (a moved bucket's newest admission is its slot's end), and
+    // leave 4 s after it, a nanosecond before slot 517 begins.
+    assert_eq!(d.retry_after(), Some(Duration::from_nanos(2_000_999_999)));
     assert!(!shorter
         .check_at(&"k", 1, secs(1_033.999))
         .await
@@ -246,7 +251,8 @@ async fn more_buckets_of_the_same_width_keep_the_key_for_the_longer_window() {
         .await
         .unwrap()
         .is_allowed());
-    // Slot 1000's units leave the 10 s window when slot 1011 begins: 10.5 s on.
+    // Slot 1000's units leave the 10 s window 10 s after them; the key lives
+    // until slot 1011 begins: 10.5 s on.
     let ttl: i64 = conn.pttl(&key).await.unwrap();
     assert!((10_000..=10_500).contains(&ttl), "{ttl} ms");
     let longer = old
@@ -262,13 +268,15 @@ async fn more_buckets_of_the_same_width_keep_the_key_for_the_longer_window() {
     assert!((19_500..=20_000).contains(&ttl), "{ttl} ms");
     assert_eq!(geometry_of(&mut conn, &key).await, (1_000_000, 20));
     assert_eq!(counted(&mut conn, &key).await, 2);
+    // The slots stand, with their newest offsets: the units admitted at
+    // 1000.5 s leave 20 s after them (to a step of the bucket, 15.26 µs).
     assert!(!longer
-        .check_at(&"k", 1, secs(1_020.999))
+        .check_at(&"k", 1, Duration::from_micros(1_020_500_015))
         .await
         .unwrap()
         .is_allowed());
     assert!(longer
-        .check_at(&"k", 2, secs(1_021.0))
+        .check_at(&"k", 2, Duration::from_micros(1_020_500_016))
         .await
         .unwrap()
         .is_allowed());

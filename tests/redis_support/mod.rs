@@ -259,9 +259,10 @@ impl Drop for RedisServer {
 }
 
 /// A key of the Redis store as its script packs it: a header `<BdI4ddd`
-/// (format 2, bucket width in µs, bucket count, newest slot entered, slot of
-/// the last conversion or -1, the key's incarnation), then one record `<dI4`
-/// (slot, units) per slot holding units, newest first.
+/// (format 3, bucket width in µs, bucket count, newest slot entered, slot of
+/// the last conversion or -1, the key's incarnation), then one record
+/// `<dI4H` (slot, units, newest admission's offset) per slot holding units,
+/// newest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedKey {
     pub width_us: u64,
@@ -270,14 +271,17 @@ pub struct PackedKey {
     pub converted: Option<u64>,
     pub incarnation: u64,
     pub slots: Vec<(u64, u32)>,
+    /// Each record's newest offset, in the order of `slots`.
+    pub offsets: Vec<u16>,
 }
 
 impl PackedKey {
     pub fn unpack(bytes: &[u8]) -> PackedKey {
         let f64_at = |i: usize| f64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
         let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
-        assert_eq!(bytes[0], 2, "format 2: {bytes:?}");
-        assert_eq!((bytes.len() - 37) % 12, 0, "whole records: {bytes:?}");
+        let u16_at = |i: usize| u16::from_le_bytes(bytes[i..i + 2].try_into().unwrap());
+        assert_eq!(bytes[0], 3, "format 3: {bytes:?}");
+        assert_eq!((bytes.len() - 37) % 14, 0, "whole records: {bytes:?}");
         let converted = f64_at(21);
         PackedKey {
             width_us: f64_at(1) as u64,
@@ -286,8 +290,12 @@ impl PackedKey {
             converted: (converted >= 0.0).then_some(converted as u64),
             incarnation: f64_at(29) as u64,
             slots: (37..bytes.len())
-                .step_by(12)
+                .step_by(14)
                 .map(|i| (f64_at(i) as u64, u32_at(i + 8)))
+                .collect(),
+            offsets: (37..bytes.len())
+                .step_by(14)
+                .map(|i| u16_at(i + 12))
                 .collect(),
         }
     }
@@ -327,15 +335,16 @@ pub struct Admitted {
     pub cost: u32,
 }
 
-/// The strict guarantee, slot by slot: every span of N + 1 consecutive slots
-/// (which covers any interval of length `window`) holds at most `limit` units.
+/// The strict guarantee, slot by slot: every N consecutive slots (which a
+/// window always covers; the oldest of the N + 1 it touches counts until its
+/// newest admission has left) hold at most `limit` units.
 pub fn assert_no_span_over_limit(admitted: &[Admitted], buckets: u32, limit: u32, who: &str) {
     let mut per_slot = std::collections::BTreeMap::<u64, u64>::new();
     for a in admitted {
         *per_slot.entry(a.slot).or_default() += a.cost as u64;
     }
     for &end in per_slot.keys() {
-        let start = end.saturating_sub(buckets as u64);
+        let start = (end + 1).saturating_sub(buckets as u64);
         let total: u64 = per_slot.range(start..=end).map(|(_, c)| c).sum();
         assert!(
             total <= limit as u64,
