@@ -84,18 +84,17 @@
 //! concurrent checks. GCRA and fixed-window limiters let up to 2 × limit
 //! through in some window.
 //!
-//! The price is paid in one bucket: a window is cut into N buckets (15 by
-//! default) and a check counts the N + 1 buckets the last window touches, so
-//! a unit counts for up to one window plus one bucket. Under sustained
-//! saturation strict mode admits at least N/(N+1) of what an exact sliding
-//! log admits (94% with 15 buckets). A client that sends its whole quota in
-//! one burst and the next burst one window later is denied until the bucket
-//! of the first burst has left, up to one bucket more than a window
-//! (`Retry-After` says exactly when); bursts spaced between a window and a
-//! window plus a bucket apart get about half of what an exact log would give.
-//! More buckets shorten that delay, and [`OnLimit::Wait`] turns the denial
-//! into a wait of at most one bucket. [`Precision::Interpolated`] admits
-//! closer to an exact log, without the guarantee.
+//! A window is cut into N buckets (7 by default), each holding its units and
+//! the instant of the newest of them; a check counts the N + 1 buckets the
+//! last window touches, the oldest only until its newest admission has left
+//! the window. A unit therefore counts for one window after its bucket's
+//! newest admission: a client that sends its whole quota in one burst and
+//! the next one window later is admitted when an exact sliding log would
+//! admit it, and a client that retries at `Retry-After` (or waits in
+//! [`OnLimit::Wait`]) gets what an exact log gives. What is left of the
+//! price falls on clients that give up on a denial: requests sent early in a
+//! bucket wait for its newest. [`Precision::Interpolated`] admits closer to
+//! an exact log for them, without the guarantee.
 //!
 //! # Time
 //!

@@ -10,19 +10,18 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Precision {
-    /// Count every bucket the last window touches (N + 1 of them).
+    /// Count every bucket the last window touches (N + 1 of them), the oldest
+    /// only until its newest admission has left the window.
     ///
     /// **Guarantee:** no interval of length `window` ever holds more than `limit`
-    /// admitted units. The price is under-admission of at most one bucket: a
-    /// unit counts for up to a window plus one bucket. Under sustained
-    /// saturation that is at least N/(N+1) of what an exact sliding log admits
-    /// over a long stretch (exactly W / ((N+1)·w), the bucket width w being W/N
-    /// rounded up to a whole nanosecond). Bursts are held longer: a client that
-    /// sends its whole limit at `t` and again at `t + window` is denied until
-    /// `t + window + w`, and bursts spaced between W and W + w apart get about
-    /// half of what an exact log admits. More buckets shorten the delay;
-    /// [`OnLimit::Wait`](crate::OnLimit::Wait) turns the denial into a wait of
-    /// at most one bucket; `retry_after` says exactly when the cost fits.
+    /// admitted units. A unit counts until one window after its bucket's
+    /// newest admission (to 1/65 536 of a bucket): a client that sends its
+    /// whole limit at `t` and again at `t + window` is admitted then, as an
+    /// exact sliding log admits it, and `retry_after` says exactly when a
+    /// cost fits. Requests sent early in a bucket wait for its newest, so a
+    /// client that gives up on a denial (instead of retrying at
+    /// `retry_after`) can get less than an exact log; more buckets narrow
+    /// that.
     #[default]
     Strict,
     /// Cloudflare's sliding-window counter: the oldest bucket is weighted by the part
@@ -40,7 +39,7 @@ pub enum Precision {
     /// Typically far less: on Poisson traffic from 0.9× to 10× the limit (15
     /// buckets, limit 100), 0.6–8% of windows held more than `limit`, the mean
     /// excess was at most 0.1% of the limit and the worst window 6% over, while it
-    /// admitted 99–100% of what an exact sliding log admits (strict: 94–98%, never
+    /// admitted 99–100% of what an exact sliding log admits (strict never
     /// over; `tests/limiter_model.rs`).
     /// Cloudflare measured 0.003% wrong decisions over 400M requests with this estimate.
     ///
@@ -79,10 +78,11 @@ pub struct Policy {
 impl Policy {
     /// The default number of buckets.
     ///
-    /// 15 buckets make a ring of 16 counters (64 bytes, one cache line, for a
-    /// limit up to 65 535; indexed by a mask), put `retry_after` within 1/15 of
-    /// the window, and keep strict-mode utilisation at saturation at 15/16 ≈
-    /// 94% or better.
+    /// 7 buckets make a ring of 8 counters, each with its newest admission's
+    /// instant (64 bytes, one cache line; indexed by a mask), about 116 bytes
+    /// a tracked key. A bucket's newest instant makes strict mode exact at
+    /// the window's edge whatever the count; more buckets only help clients
+    /// that give up on a denial (see `benches/README.md`).
     pub const DEFAULT_BUCKETS: u32 = 7;
     /// The most buckets a window may be cut into.
     pub const MAX_BUCKETS: u32 = 4096;
@@ -99,7 +99,7 @@ impl Policy {
         PolicyBuilder::default()
     }
 
-    /// Shorthand for `limit` per `window` with the defaults (15 buckets, strict).
+    /// Shorthand for `limit` per `window` with the defaults (7 buckets, strict).
     ///
     /// ```
     /// # use std::time::Duration;

@@ -70,8 +70,8 @@ use sweep::Sweeper;
 ///
 /// **Memory:** keys live in tables, a partition's each, with each key's ring
 /// inline and no allocation per key: about 116 bytes of heap per tracked
-/// u64 or `IpAddr` key with the default 15 buckets and a limit up to 65 535
-/// (111 MiB for 1M keys, the tables' spare room included), twice the bucket bytes for larger limits; under a
+/// u64 or `IpAddr` key with the default 7 buckets and a limit up to 65 535
+/// (111 MiB for 1M keys, the tables' spare room included); under a
 /// KiB for a limiter that has not tracked a key yet, and about 20 KiB more
 /// at the default cap once it has (its partitions). A key dropped as idle
 /// leaves its place to the next new key; tables shrink when the sweeper (or
