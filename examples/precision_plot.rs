@@ -1,16 +1,18 @@
 //! A picture of the guarantee: the units admitted in the sliding window
-//! (t − W, t], for every t, by three limiters of L = 100 per W = 60 s fed the
+//! (t − W, t], for every t, by four limiters of L = 100 per W = 60 s fed the
 //! same traffic. A fixed-window counter (tower's `RateLimit`) and GCRA
 //! (`governor`) both let nearly 2L through in some window of length W; this
-//! crate's strict mode never lets more than L through.
+//! crate's strict mode never lets more than L through, and admits beside an
+//! exact sliding log (a timestamp per request), which it tracks within a
+//! bucket's newest admission.
 //!
 //! The traffic repeats every two windows, on simulated time: one request opens
 //! a window, a burst of L arrives just before the window's end and another at
 //! its end, and demand then runs at twice the limit's rate until just before
 //! the next window's end. The two bursts straddle the fixed window's reset;
 //! the stream after them gets GCRA's steady refill on top of the full bucket
-//! the first burst emptied. Strict mode admits the first burst and then waits
-//! for it to leave the window.
+//! the first burst emptied. Strict mode, like the exact log, admits the first
+//! burst and then waits for it to leave the window.
 //!
 //! Regenerate `docs/precision.svg` with `cargo run --example precision_plot`
 //! (a first argument writes elsewhere). It also prints, for each limiter, the
@@ -114,6 +116,23 @@ fn gcra() -> impl FnMut(Nanos) -> bool {
     }
 }
 
+/// An exact sliding log: every admission's instant, each counted for one
+/// window.
+fn exact_log() -> impl FnMut(Nanos) -> bool {
+    let window = nanos(WINDOW);
+    let mut log = std::collections::VecDeque::new();
+    move |now| {
+        while log.front().is_some_and(|&t: &Nanos| t + window <= now) {
+            log.pop_front();
+        }
+        let fits = log.len() < LIMIT as usize;
+        if fits {
+            log.push_back(now);
+        }
+        fits
+    }
+}
+
 /// This crate's limiter in strict mode (the default), on a manual clock.
 fn strict() -> Result<impl FnMut(Nanos) -> bool, Box<dyn Error>> {
     let clock = ManualClock::new();
@@ -174,6 +193,7 @@ struct Series {
 const VERMILLION: RGBColor = RGBColor(213, 94, 0);
 const BLUE: RGBColor = RGBColor(0, 114, 178);
 const GREEN: RGBColor = RGBColor(0, 158, 115);
+const GREY: RGBColor = RGBColor(120, 120, 120);
 
 const SIZE: (u32, u32) = (1000, 580);
 /// The strip under the chart that holds the legend: inside the chart it would
@@ -303,6 +323,11 @@ fn main() -> Result<(), Box<dyn Error>> {
             admitted: admitted(&arrivals, gcra()),
         },
         Series {
+            label: "exact sliding log",
+            colour: GREY,
+            admitted: admitted(&arrivals, exact_log()),
+        },
+        Series {
             label: "strict sliding window (this crate)",
             colour: GREEN,
             admitted: admitted(&arrivals, strict()?),
@@ -327,7 +352,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("{:<36} {LIMIT:>20}", "limit L");
     println!("wrote {path}");
 
-    let strict_max = max_in_window(&series[2].admitted);
+    let strict_max = max_in_window(&series[3].admitted);
     if strict_max > LIMIT as usize {
         return Err(format!("strict mode admitted {strict_max} > {LIMIT} in one window").into());
     }

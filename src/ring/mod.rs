@@ -2216,6 +2216,7 @@ mod loom_tests {
         two_threads_near_the_limit_never_both_pass,
         three_threads_near_the_limit_never_over_admit,
         threads_across_a_slot_boundary_never_over_admit,
+        checks_on_either_side_of_the_oldest_buckets_leaving_never_over_admit,
         reset_of_an_idle_ring_races_safely_with_a_check,
         a_charge_racing_a_check_into_the_next_slot_is_never_missed,
         a_charge_racing_a_check_across_an_idle_reset_is_never_missed,
@@ -2530,6 +2531,23 @@ mod loom_tests {
                 "slot 3 has room: one of them passes"
             );
             assert_within_limit(&g, &[(0, first), (25, a), (35, b)]);
+        });
+    }
+
+    fn checks_on_either_side_of_the_oldest_buckets_leaving_never_over_admit<H: Head>() {
+        loom::model(|| {
+            // N = 2 buckets of 10 ns, limit 2, both units admitted at 5 ns:
+            // they leave the window at 25 ns. Two checks in slot 2 race, one
+            // at 24 ns (the oldest bucket still counts) and one at 26 ns (it
+            // has left), with the head already there (a check of no units
+            // moved it) or not.
+            for moved in [false, true] {
+                let g = geometry(2, 2);
+                let setup: &[(u64, u32)] = if moved { &[(5, 2), (21, 0)] } else { &[(5, 2)] };
+                let raced = checked_run::<H>(g, setup, &[(24, 1), (26, 1)]);
+                // The one at 24 ns never passes: the window holds both units.
+                assert!(!raced[0].is_allowed());
+            }
         });
     }
 
