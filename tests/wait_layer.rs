@@ -557,6 +557,36 @@ async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() 
     }
 }
 
+/// A request admitted after waiting but sent later in the same bucket (the
+/// inner service was busy) counts from when it was sent: the next request
+/// waits a window from then, not from its admission.
+#[tokio::test(start_paused = true)]
+async fn a_request_sent_later_in_the_bucket_it_was_admitted_in_counts_from_its_sending() {
+    // 1 per 1.5 s. The inner service takes one request at a time.
+    let start = Instant::now();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(waiting(1))
+        .concurrency_limit(1)
+        .service(holding_inner(&served, start));
+    svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
+                                                      // a's second request waits for its turn (1.501 s)...
+    let second = tokio::spawn(svc.clone().oneshot(request("a")));
+    // ...while another key's request holds the inner service from 1.4 s to
+    // 1.55 s: the second is sent at 1.55 s, in its bucket (1.5 s to 1.6 s).
+    tokio::time::sleep_until(start + ms(1400)).await;
+    let slow = tokio::spawn(svc.clone().oneshot(holding("b", 1550)));
+    // a's third request waits for the second's unit to leave: a window after
+    // it was sent, at the timer's next millisecond (3.051 s); counted from its
+    // admission it would pass at 3.002 s, 1.452 s after the second was sent.
+    tokio::time::sleep_until(start + ms(1600)).await;
+    let third = tokio::spawn(svc.clone().oneshot(request("a")));
+    for call in [second, slow, third] {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(times_of(&served, "a", start), [ms(0), ms(1550), ms(3051)]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_after_its_turn_but_before_it_was_sent_gives_its_unit_back() {
     // 1 per 1.5 s. The inner service takes one request at a time.
