@@ -10,10 +10,11 @@
 //!
 //! `cargo run --example client`
 //!
-//! The client's window is the server's plus a margin: a strict sliding window
-//! counts up to one bucket more than its window (W/N, 33 ms here) and the
-//! server's buckets are not aligned with the client's, so the client spaces its
-//! batches by W + W/N, plus a few milliseconds for timers and the network.
+//! The client's window is the server's plus a margin: the server frees a unit
+//! a window after it counted it (to a step of its bucket, 1/65 536 of it),
+//! but it counts each request when the request reaches it, later than the
+//! client did, by a delay that varies with timers and the network; the client
+//! spaces its batches by a window plus more than that delay.
 
 use axum::{routing::get, Router};
 use http::{Request, StatusCode};
@@ -29,7 +30,7 @@ use tower_sliding_window::{GlobalKey, OnLimit, Policy, SlidingWindowLayer, WaitC
 
 const QUOTA: u32 = 5;
 const WINDOW: Duration = Duration::from_millis(500);
-/// The client's window: the server's, one server bucket (W/15) and a margin.
+/// The client's window: the server's and a margin for timers and the network.
 const CLIENT_WINDOW: Duration = Duration::from_millis(600);
 const REQUESTS: usize = 3 * QUOTA as usize;
 

@@ -34,9 +34,11 @@
 //! assert_eq!(call().await?.status(), StatusCode::OK);
 //! let limited = call().await?;
 //! assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
-//! // Seconds until a request fits again (strict mode: a window plus one bucket).
-//! assert_eq!(limited.headers()["retry-after"], "64");
-//! assert_eq!(limited.headers()["ratelimit"], r#""default";r=0;t=64"#);
+//! // Seconds until a request fits again, rounded up: the first request leaves
+//! // the window a minute after it was admitted (strict mode: to a step of
+//! // its bucket, 1/65 536 of it).
+//! assert_eq!(limited.headers()["retry-after"], "61");
+//! assert_eq!(limited.headers()["ratelimit"], r#""default";r=0;t=61"#);
 //! # Ok(()) }
 //! ```
 //!

@@ -4,7 +4,8 @@
 //! A policy of `limit` L per window W is cut into N buckets of width
 //! w = W / N; time `t` (nanoseconds) lies in slot `t / w`. A bucket holds the
 //! units admitted in its slot and the *newest* instant any of them was
-//! admitted, as a 16-bit offset inside the slot rounded up
+//! admitted, as a 16-bit offset inside the slot (in steps of 1/2^16 of the
+//! bucket, rounded down) that stands for its step's last instant
 //! ([`Rule::offset`], [`Rule::newest`]). Every unit of a bucket was admitted
 //! at or before that instant, so once it is no longer inside the window
 //! `(now - W, now]`, no unit of the bucket is: the bucket stops counting at
@@ -18,10 +19,10 @@
 //! leaves.
 //!
 //! Without offsets (a bucket's newest instant taken as its slot's last
-//! nanosecond) this is the rule the ring keeps today: a bucket counts until
-//! its whole slot has left the window, N + 1 buckets in all. The offset
-//! lets a burst sent one window after another be admitted when an exact log
-//! of every admission would admit it.
+//! nanosecond, `Rule::whole_slots`) a bucket counts until its whole slot has
+//! left the window, N + 1 buckets in all. The offset lets a burst sent one
+//! window after another be admitted when an exact log of every admission
+//! would admit it, to a step of the bucket.
 
 /// Offsets are this many steps of a bucket's width: 16 bits.
 const STEPS: u64 = 1 << 16;
@@ -268,10 +269,9 @@ mod tests {
                 let newest = r.newest(5, offset);
                 assert!(newest >= t, "width {width}, {into}: {newest} < {t}");
                 assert!(newest < 6 * width, "width {width}: inside the slot");
-                // Within two steps of the width (plus rounding).
-                if width <= 1 << 48 {
-                    assert!(newest - t <= 2 * (width / STEPS + 1), "width {width}");
-                }
+                // Less than one step of the width after it: the offset is
+                // rounded down, its step's last instant up.
+                assert!(newest - t <= width / STEPS, "width {width}");
             }
         }
     }
@@ -289,7 +289,7 @@ mod tests {
         // whole slot had left (at 1.1 s) would deny until then.
         let leaves = r.leaves(&buckets[0]);
         assert!(leaves >= t + 1_000_000_000);
-        assert!(leaves <= t + 1_000_000_000 + 2 * (r.width / STEPS + 1));
+        assert!(leaves <= t + 1_000_000_000 + r.width / STEPS);
         let before = t + 1_000_000_000 - 1;
         let d = r.check(&buckets, before, 1);
         assert!(!d.allowed);

@@ -186,7 +186,7 @@ async fn waits_and_requests_turned_away_are_counted_with_the_time_waited() {
     let snapshotter = recorder.snapshotter();
     let _recorder = metrics::set_default_local_recorder(&recorder);
 
-    // 1 per 1.5 s in 15 buckets of 100 ms; wait up to 2 s behind at most one other.
+    // 1 per 1.5 s; wait up to 2 s behind at most one other.
     let layer = SlidingWindowLayer::builder(by_user())
         .policy(policy("queue", 1, 1500))
         .on_limit(OnLimit::Wait(
@@ -201,8 +201,9 @@ async fn waits_and_requests_turned_away_are_counted_with_the_time_waited() {
         .await
         .unwrap();
     assert_eq!(first.status(), StatusCode::OK);
-    // The second waits for the first unit to leave (1.6 s); the third finds
-    // the queue full and is turned away at once.
+    // The second waits for the first unit to leave, 1.5 s after it (to a
+    // step of its bucket), and passes at the timer's next millisecond:
+    // 1.501 s. The third finds the queue full and is turned away at once.
     let (second, third) = tokio::join!(
         svc.clone().oneshot(request(Some("ada"), "/")),
         svc.clone().oneshot(request(Some("ada"), "/")),
@@ -224,7 +225,7 @@ async fn waits_and_requests_turned_away_are_counted_with_the_time_waited() {
         "tower_sliding_window_wait_seconds",
         &[("policy", "queue")],
     );
-    assert_eq!(waits, Some(&DebugValue::Histogram(vec![1.6.into()])));
+    assert_eq!(waits, Some(&DebugValue::Histogram(vec![1.501.into()])));
 }
 
 #[tokio::test(flavor = "current_thread")]

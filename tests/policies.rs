@@ -467,7 +467,9 @@ async fn a_store_that_fails_open_puts_no_rate_limit_fields_on_the_response() {
         .headers_mut()
         .insert("x-costs", http::HeaderValue::from_static("1"));
     let costly = status(&mut svc, costly).await;
-    assert_eq!(costly, (StatusCode::OK, Some("\"up\";r=2;t=64".to_owned())));
+    // The unit leaves a minute after it, to a step of its bucket: 61 s in
+    // whole seconds.
+    assert_eq!(costly, (StatusCode::OK, Some("\"up\";r=2;t=61".to_owned())));
 }
 
 #[tokio::test(start_paused = true)]
@@ -854,8 +856,9 @@ async fn a_retry_after_spread_spreads_a_herd_and_never_shortens_a_wait() {
             .parse()
             .unwrap()
     };
-    // Without a spread: one admitted, and every denial says 64 s (a window
-    // of 60 s plus one bucket of 4 s).
+    // Without a spread: one admitted, and every denial says 61 s (the
+    // admission leaves a window of 60 s after it, to a step of its bucket,
+    // rounded up to whole seconds).
     let mut exact = herd(Duration::ZERO);
     assert_eq!(status(&mut exact, request("a")).await.0, StatusCode::OK);
     let denied = exact
@@ -865,7 +868,7 @@ async fn a_retry_after_spread_spreads_a_herd_and_never_shortens_a_wait() {
         .call(request("a"))
         .await
         .unwrap();
-    assert_eq!(retry_after(&denied), 64);
+    assert_eq!(retry_after(&denied), 61);
 
     let mut spread = herd(Duration::from_secs(10));
     assert_eq!(status(&mut spread, request("a")).await.0, StatusCode::OK);
@@ -880,7 +883,7 @@ async fn a_retry_after_spread_spreads_a_herd_and_never_shortens_a_wait() {
             .unwrap();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         let wait = retry_after(&response);
-        assert!((64..=74).contains(&wait), "Retry-After {wait}");
+        assert!((61..=71).contains(&wait), "Retry-After {wait}");
         let field = response.headers()["ratelimit"].to_str().unwrap().to_owned();
         assert_eq!(field, format!("\"p\";r=0;t={wait}"), "t is Retry-After");
         seen.insert(wait);

@@ -1,5 +1,6 @@
-//! Strict mode's precision, pinned to the nanosecond: what it costs to count
-//! whole buckets rather than an exact sliding log.
+//! Strict mode's precision, pinned to the nanosecond: what it costs to keep
+//! each bucket's newest admission to a step of the bucket (1/65 536 of its
+//! width) rather than an exact sliding log.
 
 use std::time::Duration;
 use tower_sliding_window::{Limiter, ManualClock, Policy};
@@ -8,13 +9,14 @@ fn as_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap()
 }
 
-/// A burst of L fills the window. One window and half a bucket later, an exact
-/// sliding log would admit again: the burst is older than W. Strict mode counts
-/// every bucket the last window touches, and the burst's bucket still straddles
-/// the window's start, so it waits until that bucket leaves, one window and one
-/// bucket after it began, and says so.
+/// A burst of L fills the window. An exact sliding log admits again once the
+/// burst is no longer inside the window, one window after it. Strict mode
+/// keeps the burst's instant as its bucket's newest offset, rounded down to a
+/// step of the bucket, and frees the bucket when that step's last nanosecond
+/// leaves the window: a burst sent one window later waits that step, not a
+/// whole bucket, and says so.
 #[test]
-fn a_burst_one_window_later_waits_for_the_straddling_bucket() {
+fn a_burst_one_window_later_waits_at_most_a_step_of_the_bucket() {
     const LIMIT: u32 = 100;
     let policy = Policy::builder()
         .limit(LIMIT)
@@ -24,9 +26,12 @@ fn a_burst_one_window_later_waits_for_the_straddling_bucket() {
         .unwrap();
     let window = as_nanos(policy.window());
     let bucket = as_nanos(policy.bucket_width());
-    // 60 s in 15 buckets of 4 s: the window is whole buckets, so t + W starts
-    // a bucket too, and the burst's bucket leaves the count exactly at t + W + w.
     assert_eq!(bucket * u64::from(policy.buckets()), window);
+    // Buckets of 4 s: a step is 4 s / 2^16 = 61 035.156 25 ns. A burst at a
+    // bucket's start lies in its first step, whose last whole nanosecond is
+    // 61 035 ns in.
+    let step_end = bucket.div_ceil(1 << 16) - 1;
+    assert_eq!(step_end, 61_035);
 
     let clock = ManualClock::new();
     let limiter = Limiter::builder(policy)
@@ -43,14 +48,17 @@ fn a_burst_one_window_later_waits_for_the_straddling_bucket() {
     let t = 10 * bucket;
     assert!(burst(t).iter().all(|d| d.is_allowed()));
 
-    let fits_at = t + window + bucket;
-    let half_a_bucket_later = t + window + bucket / 2;
-    for denied in burst(half_a_bucket_later) {
+    // Free one window and one step after the burst, where whole buckets
+    // would wait until t + W + 4 s.
+    let fits_at = t + window + step_end;
+    let one_window_later = t + window;
+    for denied in burst(one_window_later) {
         assert!(!denied.is_allowed());
         assert_eq!(
             denied.retry_after(),
-            Some(Duration::from_nanos(fits_at - half_a_bucket_later))
+            Some(Duration::from_nanos(fits_at - one_window_later))
         );
+        assert_eq!(denied.reset(), Duration::from_nanos(step_end));
     }
 
     // Not a nanosecond early.

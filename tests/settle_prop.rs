@@ -5,16 +5,19 @@
 //!
 //! The model keeps each policy's units slot by slot, as the guide states the
 //! rule: a reservation counts at its admission's slot, a charge at the slot
-//! it is made in, a give-back lowers the newest of the request's charges,
-//! then its reservation, each only while its slot is inside the current span
-//! (a unit that has left the window is gone). Strict precision on a monotonic
-//! clock is exact, so after every step:
+//! it is made in, each bucket keeping the offset of its newest reservation or
+//! charge (in 1/2^16 of the bucket, rounded down), and a bucket counts until
+//! that newest instant, to a step of the bucket, has left the window. A
+//! give-back lowers the newest of the request's charges, then its
+//! reservation, each only while its slot is inside the current span of N + 1
+//! slots (the ring's buckets), and leaves the bucket's newest offset as it
+//! was; so does a request one policy denies, given back by the others. Strict precision on a monotonic clock is exact, so after every step:
 //!
 //! - the layer admits exactly when every policy's current span plus the cost
 //!   fits its limit, and each store reports the model's remaining units;
-//! - the current span holds at most `L` plus the units charged into it after
-//!   the last admission counted in it, all of them excesses of requests in
-//!   flight at that admission (the guide's guarantee);
+//! - the buckets counting hold at most `L` plus the units charged into them
+//!   after the last admission counted in them, all of them excesses of
+//!   requests in flight at that admission (the guide's guarantee);
 //! - without charges (settlements never above the reservation) at most `L`.
 
 use http::{Request, Response, StatusCode};
@@ -76,10 +79,23 @@ struct Counted {
     charges: Vec<Record>,
 }
 
+/// A bucket: its units, and the offset of its newest admission or charge.
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    units: u64,
+    newest: u64,
+}
+
+/// The offset of the instant `t` (ns) in its bucket, in 1/2^16 of the
+/// bucket's width, rounded down.
+fn offset(t: u64) -> u64 {
+    (t % WIDTH) * (1 << 16) / WIDTH
+}
+
 /// One policy's units slot by slot, and when each was counted.
 struct PolicyModel {
     shape: Shape,
-    slots: BTreeMap<u64, u64>,
+    slots: BTreeMap<u64, Bucket>,
     /// The slots and step numbers of admissions, in order.
     admissions: Vec<(u64, usize)>,
     /// Charges: slot, step number, units, and the slot and step of the
@@ -88,11 +104,35 @@ struct PolicyModel {
 }
 
 impl PolicyModel {
-    fn span(&self, s: u64) -> u64 {
+    /// The instant (ns) the bucket of slot `x` stops counting: its newest
+    /// offset's last nanosecond plus the window.
+    fn leaves(&self, x: u64, b: &Bucket) -> u64 {
+        let newest = ((b.newest + 1) * WIDTH).div_ceil(1 << 16) - 1;
+        (x + self.shape.n) * WIDTH + newest
+    }
+
+    /// The first slot whose bucket still counts at `t` (ns): buckets leave
+    /// in slot order, so every later one counts too.
+    fn first_counting(&self, t: u64) -> u64 {
         self.slots
-            .range(s.saturating_sub(self.shape.n)..=s)
-            .map(|(_, u)| u)
+            .iter()
+            .find(|&(&x, b)| self.leaves(x, b) > t)
+            .map_or(t / WIDTH + 1, |(&x, _)| x)
+    }
+
+    /// The units counting at `t` (ns).
+    fn used(&self, t: u64) -> u64 {
+        self.slots
+            .range(self.first_counting(t)..)
+            .map(|(_, b)| b.units)
             .sum()
+    }
+
+    /// Count `units` admitted or charged at `t` (ns).
+    fn add(&mut self, t: u64, units: u64) {
+        let b = self.slots.entry(t / WIDTH).or_default();
+        b.units += units;
+        b.newest = b.newest.max(offset(t));
     }
 
     fn in_span(&self, slot: u64, now: u64) -> bool {
@@ -101,20 +141,21 @@ impl PolicyModel {
 
     fn take(&mut self, record: &mut Record, units: u64, now: u64) {
         if self.in_span(record.slot, now) {
-            *self.slots.get_mut(&record.slot).unwrap() -= units;
+            self.slots.get_mut(&record.slot).unwrap().units -= units;
         }
         record.units -= units;
     }
 
-    /// Move `counted` to `target` units at slot `now` (step `step`).
+    /// Move `counted` to `target` units at `t` (ns; step `step`).
     fn settle(
         &mut self,
         counted: &mut Counted,
         target: u64,
-        now: u64,
+        t: u64,
         step: usize,
         admitted: (u64, usize),
     ) {
+        let now = t / WIDTH;
         let Some(mut reservation) = counted.reservation else {
             return;
         };
@@ -137,7 +178,7 @@ impl PolicyModel {
             counted.reservation = Some(reservation);
         } else if target > total {
             let more = target - total;
-            *self.slots.entry(now).or_default() += more;
+            self.add(t, more);
             counted.charges.push(Record {
                 slot: now,
                 units: more,
@@ -203,9 +244,11 @@ fn run(shapes: Vec<Shape>, ops: Vec<Op>, charges: bool) -> Result<(), TestCaseEr
         let now = t / WIDTH;
         match op {
             Op::Reserve(cost) => {
-                let fits = models
+                let fits_each: Vec<bool> = models
                     .iter()
-                    .all(|m| m.span(now) + u64::from(cost) <= u64::from(m.shape.limit));
+                    .map(|m| m.used(t) + u64::from(cost) <= u64::from(m.shape.limit))
+                    .collect();
+                let fits = fits_each.iter().all(|&f| f);
                 let response = runtime
                     .block_on(async { svc.ready().await?.call(Request::new(cost)).await })
                     .unwrap();
@@ -222,7 +265,7 @@ fn run(shapes: Vec<Shape>, ops: Vec<Op>, charges: bool) -> Result<(), TestCaseEr
                     let settlement = handles.lock().unwrap().pop().unwrap();
                     let mut counted = Vec::new();
                     for m in &mut models {
-                        *m.slots.entry(now).or_default() += u64::from(cost);
+                        m.add(t, u64::from(cost));
                         m.admissions.push((now, step));
                         counted.push(Counted {
                             reservation: Some(Record {
@@ -238,6 +281,14 @@ fn run(shapes: Vec<Shape>, ops: Vec<Op>, charges: bool) -> Result<(), TestCaseEr
                         counted,
                         admitted: (now, step),
                     });
+                } else {
+                    // The policies that admitted it give the units back at
+                    // once; their buckets keep its instant as their newest.
+                    for (m, &fits) in models.iter_mut().zip(&fits_each) {
+                        if fits {
+                            m.add(t, 0);
+                        }
+                    }
                 }
             }
             Op::Settle(i, eighths) if !flight.is_empty() => {
@@ -256,7 +307,7 @@ fn run(shapes: Vec<Shape>, ops: Vec<Op>, charges: bool) -> Result<(), TestCaseEr
                 let target = most * eighths / 8;
                 request.settlement.settle(target);
                 for (m, counted) in models.iter_mut().zip(&mut request.counted) {
-                    m.settle(counted, u64::from(target), now, step, request.admitted);
+                    m.settle(counted, u64::from(target), t, step, request.admitted);
                 }
             }
             Op::Finish(i) if !flight.is_empty() => {
@@ -269,11 +320,10 @@ fn run(shapes: Vec<Shape>, ops: Vec<Op>, charges: bool) -> Result<(), TestCaseEr
             }
             _ => {}
         }
-        // Every span as it is now.
-        let now = t / WIDTH;
+        // Every window as it is now.
         for (m, store) in models.iter().zip(&stores) {
             let limit = u64::from(m.shape.limit);
-            let held = m.span(now);
+            let held = m.used(t);
             let remaining = store.peek(&0, 0).remaining();
             prop_assert_eq!(
                 u64::from(remaining),
@@ -281,8 +331,8 @@ fn run(shapes: Vec<Shape>, ops: Vec<Op>, charges: bool) -> Result<(), TestCaseEr
                 "step {}",
                 step
             );
-            // The last admission counted in the span, and the charges since.
-            let first = now.saturating_sub(m.shape.n);
+            // The last admission counted now, and the charges since.
+            let first = m.first_counting(t);
             let last_admission = m
                 .admissions
                 .iter()
@@ -295,7 +345,8 @@ fn run(shapes: Vec<Shape>, ops: Vec<Op>, charges: bool) -> Result<(), TestCaseEr
                 .filter(|(slot, at, ..)| *slot >= first && last_admission.is_none_or(|a| *at > a))
                 .collect();
             // Each late charge is an excess of a request admitted before the
-            // span's last admission (or before the span), so in flight then.
+            // last admission counted (or in a bucket no longer counted), so in
+            // flight then.
             for (_, _, _, (slot, at)) in &late {
                 match last_admission {
                     Some(a) => prop_assert!(*at <= a),

@@ -287,12 +287,12 @@ async fn raising_a_limit_gives_room_at_once_and_lowering_it_waits_for_the_window
     layer
         .set_tier("free", TierLimits::Limited(vec!["1/min".parse().unwrap()]))
         .unwrap();
-    // Four counted against a limit of one: denied until they leave the window
-    // (a minute and a bucket after they were admitted).
+    // Four counted against a limit of one: denied until they leave the window,
+    // a minute after they were admitted (to a step of their bucket).
     assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
-    tokio::time::advance(Duration::from_secs(25)).await;
+    tokio::time::advance(Duration::from_millis(29_999)).await;
     assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
-    tokio::time::advance(Duration::from_secs(10)).await;
+    tokio::time::advance(Duration::from_millis(2)).await;
     assert_eq!(statuses(addr, "free", "ada", 2).await, [200, 429]);
     // The other tiers were not touched.
     assert_eq!(
@@ -305,13 +305,14 @@ async fn raising_a_limit_gives_room_at_once_and_lowering_it_waits_for_the_window
 async fn a_new_window_carries_the_counts_over_no_earlier_than_they_happened() {
     let layer = tiered_layer();
     let addr = app(layer.clone()).await;
-    // Two at 0 s, in the first 4 s bucket of "2/min".
+    // Two at 3 s, in the first bucket of "2/min" (8.6 s wide).
+    tokio::time::advance(Duration::from_secs(3)).await;
     assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
-    tokio::time::advance(Duration::from_secs(10)).await;
-    // 2 per 30 s, in 2 s buckets: the two now count in the bucket holding
-    // their old bucket's last instant, [2 s, 4 s), so they leave the window
-    // 30 s after it ends, at 34 s: not at 30 s, as they would had they been
-    // moved earlier.
+    tokio::time::advance(Duration::from_secs(7)).await;
+    // 2 per 30 s, in buckets of 4.3 s: the two count in the bucket holding
+    // their instant, as admitted then (to a step of the buckets), so they
+    // leave the window 30 s after it, at 33 s: not at 30 s, as they would
+    // had they been moved to the start of that bucket.
     layer
         .set_tier(
             "free",
@@ -319,9 +320,9 @@ async fn a_new_window_carries_the_counts_over_no_earlier_than_they_happened() {
         )
         .unwrap();
     assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
-    tokio::time::advance(Duration::from_secs(23)).await; // 33 s
+    tokio::time::advance(Duration::from_millis(22_999)).await; // 32.999 s
     assert_eq!(statuses(addr, "free", "ada", 1).await, [429]);
-    tokio::time::advance(Duration::from_secs(2)).await; // 35 s
+    tokio::time::advance(Duration::from_millis(2)).await; // 33.001 s
     assert_eq!(statuses(addr, "free", "ada", 3).await, [200, 200, 429]);
 }
 

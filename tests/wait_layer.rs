@@ -1,6 +1,7 @@
 //! The layer's waiting modes on tokio's paused clock: `OnLimit::Wait` (keyed, in
 //! the response future) and `OnLimit::Backpressure` (global, in `poll_ready`).
-//! Policies use 100 ms buckets so every bucket boundary is a whole millisecond.
+//! Policies of 1.5 s use 15 buckets of 100 ms, so that every bucket boundary
+//! is a whole millisecond.
 
 use http::{Request, Response, StatusCode};
 use std::convert::Infallible;
@@ -15,21 +16,27 @@ use tower_sliding_window::{
     key_fn, ConfigError, GlobalKey, MissingKey, OnLimit, Policy, SlidingWindowLayer, WaitConfig,
 };
 
+/// A unit counted at a whole millisecond leaves a window of 1.5 s 1.5 s
+/// later, to a step of its 100 ms bucket (1.526 µs): a request waiting for
+/// it passes at the timer's next millisecond, this many after it.
+const TURN: u64 = 1501;
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// `limit` per `window_ms`, in 15 buckets.
 fn per(limit: u32, window_ms: u64) -> Policy {
-    Policy::per(limit, ms(window_ms)).unwrap()
+    Policy::builder()
+        .limit(limit)
+        .window(ms(window_ms))
+        .buckets(15)
+        .build()
+        .unwrap()
 }
 
 fn named(name: &str, limit: u32, window_ms: u64) -> Policy {
-    Policy::builder()
-        .name(name)
-        .limit(limit)
-        .window(ms(window_ms))
-        .build()
-        .unwrap()
+    per(limit, window_ms).with_name(name)
 }
 
 type Served = Arc<Mutex<Vec<(String, Instant)>>>;
@@ -124,7 +131,8 @@ async fn waiting_requests_are_served_in_turn_and_a_too_long_wait_is_rejected_at_
     }
     let statuses: Vec<StatusCode> = results.iter().map(|r| r.0).collect();
     assert_eq!(statuses[..4], [StatusCode::OK; 4]);
-    // Its turn would come at 3.2 s, past max_wait: 429 at once, saying when.
+    // Its turn would come two turns on (3.002 s), past max_wait: 429 at once,
+    // saying when.
     let (status, at, rejected) = &results[4];
     assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(*at, start);
@@ -132,7 +140,7 @@ async fn waiting_requests_are_served_in_turn_and_a_too_long_wait_is_rejected_at_
 
     let served = served.lock().unwrap().clone();
     let a: Vec<Instant> = served.iter().filter(|s| s.0 == "a").map(|s| s.1).collect();
-    assert_eq!(a, [0, 0, 1600, 1600].map(|t| start + ms(t)));
+    assert_eq!(a, [0, 0, TURN, TURN].map(|t| start + ms(t)));
     let stats = layer.wait_stats();
     assert_eq!(
         (stats.admitted_after_wait, stats.rejected_wait_too_long),
@@ -151,7 +159,7 @@ async fn a_request_dropped_while_waiting_lets_the_next_one_in_earlier() {
         .layer(layer.clone())
         .service(inner(&served));
     svc.clone().oneshot(request("a")).await.unwrap();
-    // Queued at 1.6 s and 3.2 s.
+    // Queued for 1.501 s and 3.002 s.
     let first = tokio::spawn(svc.clone().oneshot(request("a")));
     tokio::task::yield_now().await;
     let second = tokio::spawn(svc.clone().oneshot(request("a")));
@@ -159,7 +167,7 @@ async fn a_request_dropped_while_waiting_lets_the_next_one_in_earlier() {
     tokio::time::advance(ms(100)).await;
     first.abort(); // the client went away
     assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
-    assert_eq!(served.lock().unwrap()[1].1, start + ms(1600));
+    assert_eq!(served.lock().unwrap()[1].1, start + ms(TURN));
     assert_eq!(layer.wait_stats().cancelled, 1);
 }
 
@@ -186,11 +194,12 @@ async fn several_policies_admit_a_waiter_when_all_of_them_allow() {
         assert_eq!(call.await.unwrap().status(), StatusCode::OK);
     }
     let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
-    // "burst" (20 ms buckets) frees its units after 320 ms, "steady" (100 ms
-    // buckets) after 1.6 s: each request passes when both allow it.
+    // "burst" frees its units 300 ms after they were counted, "steady"
+    // 1.5 s after (each to a step of its bucket): each request passes when
+    // both allow it, at the timer's next millisecond.
     assert_eq!(
         at,
-        [0, 0, 320, 1600, 1600, 1920, 3200].map(|t| start + ms(t))
+        [0, 0, 301, 1501, 1501, 1802, 3002].map(|t| start + ms(t))
     );
     for limiter in layer.stores() {
         assert!(limiter.usage(&"k".to_owned()).used <= limiter.policy().limit());
@@ -227,7 +236,7 @@ async fn every_clone_of_a_backpressured_service_makes_progress() {
     let served = served.lock().unwrap().clone();
     assert_eq!(served.len(), 12, "every waiter progressed");
     for (n, (_, at)) in served.iter().enumerate() {
-        assert_eq!(*at, start + ms(n as u64 / 2 * 1600), "two per 1.6 s");
+        assert_eq!(*at, start + ms(n as u64 / 2 * TURN), "two per turn");
     }
     for i in 0..6 {
         let key = i.to_string();
@@ -282,7 +291,7 @@ async fn call_without_poll_ready_waits_its_turn_instead_of_panicking() {
     assert_eq!(a.await.unwrap().status(), StatusCode::OK);
     assert_eq!(b.await.unwrap().status(), StatusCode::OK);
     let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
-    assert_eq!(at, [start, start + ms(1600)]);
+    assert_eq!(at, [start, start + ms(TURN)]);
 }
 
 #[test]
@@ -353,7 +362,7 @@ async fn an_axum_app_with_backpressure_serves_every_request_in_turn() {
         assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
     }
     let at: Vec<Instant> = served.lock().unwrap().iter().map(|s| s.1).collect();
-    assert_eq!(at, [0, 0, 1600, 1600, 3200].map(|t| start + ms(t)));
+    assert_eq!(at, [0, 0, TURN, TURN, 2 * TURN].map(|t| start + ms(t)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -365,7 +374,7 @@ async fn a_waiting_request_holds_none_of_the_inner_services_capacity() {
         .concurrency_limit(1)
         .service(inner(&served));
     svc.clone().oneshot(request("a")).await.unwrap();
-    // a's second request waits for its turn (1.6 s)...
+    // a's second request waits for its turn (1.501 s)...
     let start = Instant::now();
     let waiting = tokio::spawn(svc.clone().oneshot(request("a")));
     tokio::task::yield_now().await;
@@ -374,7 +383,7 @@ async fn a_waiting_request_holds_none_of_the_inner_services_capacity() {
     assert_eq!(b.status(), StatusCode::OK);
     assert_eq!(Instant::now() - start, Duration::ZERO);
     assert_eq!(waiting.await.unwrap().unwrap().status(), StatusCode::OK);
-    assert_eq!(Instant::now() - start, ms(1600));
+    assert_eq!(Instant::now() - start, ms(TURN));
 }
 
 #[tokio::test(start_paused = true)]
@@ -393,10 +402,10 @@ async fn a_waiter_admitted_with_a_batch_but_polled_late_waits_again() {
     let f1 = s1.call(request("a"));
     let mut s2 = svc.clone();
     s2.ready().await.unwrap();
-    let f2 = s2.call(request("a")); // queued behind f1, both due at 1.6 s
-    tokio::spawn(f1).await.unwrap().unwrap(); // the head admits both at 1.6 s
+    let f2 = s2.call(request("a")); // queued behind f1, both due at 1.501 s
+    tokio::spawn(f1).await.unwrap().unwrap(); // the head admits both at 1.501 s
                                               // f2 is not polled until its units have left the window...
-    tokio::time::sleep_until(start + ms(3200)).await;
+    tokio::time::sleep_until(start + ms(2 * TURN)).await;
     for _ in 0..2 {
         let r = svc.clone().oneshot(request("a")).await.unwrap();
         assert_eq!(r.status(), StatusCode::OK);
@@ -433,7 +442,7 @@ async fn a_max_wait_too_long_for_an_instant_means_no_bound() {
     let second = tokio::spawn(svc.clone().oneshot(request("a")));
     let r = second.await.expect("call must not panic").unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(Instant::now() - start, ms(1600));
+    assert_eq!(Instant::now() - start, ms(TURN));
 }
 
 #[tokio::test(start_paused = true)]
@@ -451,7 +460,7 @@ async fn backpressure_gives_back_the_unit_an_exempt_request_was_readied_with() {
     let start = Instant::now();
     let health = Request::builder().header("x-health", "1").body(()).unwrap();
     svc.ready().await.unwrap().call(health).await.unwrap();
-    assert_eq!(Instant::now() - start, ms(1600));
+    assert_eq!(Instant::now() - start, ms(TURN));
     // ...which the exempt call gives back, so another clone takes it at once.
     let ready_at = Instant::now();
     svc.clone().oneshot(request("b")).await.unwrap();
@@ -475,7 +484,7 @@ async fn a_reused_service_over_a_concurrency_limit_serves_its_waiting_request() 
         let response = tokio::time::timeout(ms(5000), call).await.expect("hung");
         assert_eq!(response.unwrap().status(), StatusCode::OK);
     }
-    assert_eq!(Instant::now() - start, ms(1600));
+    assert_eq!(Instant::now() - start, ms(TURN));
 }
 
 /// Like `inner`, but a request with `x-hold-until-ms: T` answers only at
@@ -526,12 +535,12 @@ async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() 
         .concurrency_limit(1)
         .service(holding_inner(&served, start));
     svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
-                                                      // a's second request waits for its turn (1.6 s)...
+                                                      // a's second request waits for its turn (1.501 s)...
     let second = tokio::spawn(svc.clone().oneshot(request("a")));
     tokio::time::sleep_until(start + ms(100)).await;
     // ...while another key's request holds the inner service until 3 s.
     let slow = tokio::spawn(svc.clone().oneshot(holding("b", 3000)));
-    // a's third request arrives after the second was admitted (its turn: 3.2 s).
+    // a's third request arrives after the second was admitted (its turn: 3.002 s).
     tokio::time::sleep_until(start + ms(1700)).await;
     let third = tokio::spawn(svc.clone().oneshot(request("a")));
     for call in [second, slow, third] {
@@ -548,6 +557,36 @@ async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() 
     }
 }
 
+/// A request admitted after waiting but sent later in the same bucket (the
+/// inner service was busy) counts from when it was sent: the next request
+/// waits a window from then, not from its admission.
+#[tokio::test(start_paused = true)]
+async fn a_request_sent_later_in_the_bucket_it_was_admitted_in_counts_from_its_sending() {
+    // 1 per 1.5 s. The inner service takes one request at a time.
+    let start = Instant::now();
+    let served = Served::default();
+    let svc = ServiceBuilder::new()
+        .layer(waiting(1))
+        .concurrency_limit(1)
+        .service(holding_inner(&served, start));
+    svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
+                                                      // a's second request waits for its turn (1.501 s)...
+    let second = tokio::spawn(svc.clone().oneshot(request("a")));
+    // ...while another key's request holds the inner service from 1.4 s to
+    // 1.55 s: the second is sent at 1.55 s, in its bucket (1.5 s to 1.6 s).
+    tokio::time::sleep_until(start + ms(1400)).await;
+    let slow = tokio::spawn(svc.clone().oneshot(holding("b", 1550)));
+    // a's third request waits for the second's unit to leave: a window after
+    // it was sent, at the timer's next millisecond (3.051 s); counted from its
+    // admission it would pass at 3.002 s, 1.452 s after the second was sent.
+    tokio::time::sleep_until(start + ms(1600)).await;
+    let third = tokio::spawn(svc.clone().oneshot(request("a")));
+    for call in [second, slow, third] {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(times_of(&served, "a", start), [ms(0), ms(1550), ms(3051)]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_after_its_turn_but_before_it_was_sent_gives_its_unit_back() {
     // 1 per 1.5 s. The inner service takes one request at a time.
@@ -559,7 +598,7 @@ async fn a_request_dropped_after_its_turn_but_before_it_was_sent_gives_its_unit_
         .concurrency_limit(1)
         .service(holding_inner(&served, start));
     svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
-                                                      // a's second request is admitted at 1.6 s, then waits for the inner service...
+                                                      // a's second request is admitted at 1.501 s, then waits for the inner service...
     let second = tokio::spawn(tokio::time::timeout(
         ms(2000),
         svc.clone().oneshot(request("a")),
@@ -720,19 +759,22 @@ async fn requests_whose_inner_service_is_ready_only_after_their_bucket_are_all_s
         });
         assert_eq!(response.unwrap().status(), StatusCode::OK);
     }
-    // a1 at 0.3 s; a2 admitted at 1.9 s, ready (and admitted again at once, its
-    // unit given back) at 2.2 s; a3 then waits for a2's unit: admitted at 3.8 s,
-    // ready and admitted again at 4.1 s.
+    // a1 at 0.3 s (admitted again when ready); a2 admitted a turn after that,
+    // at 1.801 s, ready (and admitted again at once, its unit given back) at
+    // 2.101 s; a3 then waits for a2's unit: admitted a turn later, at 3.602 s,
+    // ready and admitted again at 3.902 s.
     assert_eq!(
         served_at(&served, start),
-        expected_at(&[("a1", 300), ("a2", 2200), ("a3", 4100)])
+        expected_at(&[("a1", 300), ("a2", 2101), ("a3", 3902)])
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn requests_whose_inner_service_is_ready_only_after_their_window_are_all_served() {
-    // 1 per 150 ms in 10 ms buckets: a unit leaves the window 160 ms after it
-    // was counted, before a fresh clone of the inner service is ready (300 ms).
+    // 1 per 150 ms in 10 ms buckets: a unit leaves the window 150 ms after it
+    // was counted (to a step of its bucket: a waiter passes at the timer's
+    // next millisecond), before a fresh clone of the inner service is ready
+    // (300 ms).
     let start = Instant::now();
     let served = Served::default();
     let layer = SlidingWindowLayer::builder(keyed())
@@ -756,10 +798,11 @@ async fn requests_whose_inner_service_is_ready_only_after_their_window_are_all_s
         "answered within 30 s; served: {at:?}; {:?}",
         layer.wait_stats()
     );
-    // a1 at 0.3 s; a2 admitted at 0.46 s, ready at 0.76 s and renewed, waits
-    // for a3's unit (admitted at 0.62 s) to leave: 0.78 s; a3 ready at 0.92 s,
-    // renewed, waits for a2's unit: 0.94 s.
-    assert_eq!(at, expected_at(&[("a1", 300), ("a2", 780), ("a3", 940)]));
+    // a1 at 0.3 s (counted again then); a2 admitted at 0.451 s, ready at
+    // 0.751 s and renewed, waits for a3's unit (admitted at 0.602 s) to
+    // leave: 0.753 s; a3 ready at 0.902 s, renewed, waits for a2's unit:
+    // 0.904 s.
+    assert_eq!(at, expected_at(&[("a1", 300), ("a2", 753), ("a3", 904)]));
 }
 
 #[tokio::test(start_paused = true)]
@@ -792,7 +835,7 @@ async fn a_renewed_admission_is_not_counted_as_admitted_on_arrival() {
 }
 
 /// Two policies, one interpolated: with nobody ahead, a request waits for the
-/// instant both admit it (the interpolated one 10 ms on, the strict one 40 ms
+/// instant both admit it (the interpolated one 10 ms on, the strict one 21 ms
 /// on), not for the interpolated policy's strict forecast (1.1 s, past max_wait).
 #[tokio::test(start_paused = true)]
 async fn an_interpolated_policy_waits_with_a_strict_one_for_the_instant_both_admit() {
@@ -823,7 +866,8 @@ async fn an_interpolated_policy_waits_with_a_strict_one_for_the_instant_both_adm
     let stores: Vec<_> = layer.stores().collect();
     assert!(stores[0].check_n(&key, 10).is_allowed());
     tokio::time::sleep_until(start + ms(820)).await;
-    // Strictly, these leave with slot 52 (1.04 s).
+    // Strictly, these leave 200 ms after they were counted, to a step of
+    // their bucket: a waiter for them passes at 1.021 s.
     assert!(stores[1].check_n(&key, 5).is_allowed());
     tokio::time::sleep_until(start + ms(1000)).await;
 
@@ -833,7 +877,7 @@ async fn an_interpolated_policy_waits_with_a_strict_one_for_the_instant_both_adm
         .service(inner(&served));
     let response = svc.oneshot(request("k")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(served.lock().unwrap()[0].1, start + ms(1040));
+    assert_eq!(served.lock().unwrap()[0].1, start + ms(1021));
     assert_eq!(layer.wait_stats().rejected_wait_too_long, 0);
 }
 
@@ -844,9 +888,10 @@ async fn an_interpolated_policy_waits_with_a_strict_one_for_the_instant_both_adm
 /// sleep until its denial said.
 #[tokio::test(start_paused = true)]
 async fn a_renewed_request_is_woken_for_the_unit_a_request_polled_late_gives_back() {
-    // 3 per 150 ms in 10 ms buckets (units leave 160 ms after they were
-    // counted); every clone of the inner service is ready 300 ms after its
-    // first poll_ready. The cost is in `x-cost` (1 without it).
+    // 3 per 150 ms in 10 ms buckets (units leave 150 ms after the newest
+    // counted in their bucket, to a step of it: 153 ns); every clone of the
+    // inner service is ready 300 ms after its first poll_ready. The cost is
+    // in `x-cost` (1 without it).
     let start = Instant::now();
     let served = Served::default();
     let layer = SlidingWindowLayer::builder(keyed())
@@ -881,23 +926,24 @@ async fn a_renewed_request_is_woken_for_the_unit_a_request_polled_late_gives_bac
     // services are ready, at 0.6 s; `b` (cost 1) joins behind them at 0.605 s.
     let r = tokio::spawn(svc.clone().oneshot(req("r", 1)));
     let h = tokio::spawn(svc.clone().oneshot(req("h", 2)));
-    // Outside traffic: 2 units at 0.5 s (they leave at 0.66 s), 1 at 0.55 s
-    // (it leaves at 0.71 s).
+    // Outside traffic: 2 units at 0.5 s (they leave at 0.65 s), 1 at 0.55 s
+    // (it leaves at 0.7 s).
     tokio::time::sleep_until(at(500)).await;
     assert!(limiter.check_n(&key, 2).is_allowed());
     tokio::time::sleep_until(at(550)).await;
     assert!(limiter.check_n(&key, 1).is_allowed());
     tokio::time::sleep_until(at(605)).await;
     let mut b = svc_b.call(req("b", 1));
-    // `r` is admitted at 0.66 s; 1 unit more at 0.665 s (it leaves with r's, at
-    // 0.82 s) keeps `h` waiting until then: `h` admits itself and `b` at 0.82 s,
-    // but `b` is not polled.
-    tokio::time::sleep_until(at(665)).await;
+    // `r` is admitted at 0.651 s (the timer's next millisecond); 1 unit more
+    // in its bucket, at 0.655 s (the bucket then leaves at 0.805 s), keeps `h`
+    // waiting until then: `h` admits itself and `b` at 0.806 s, but `b` is
+    // not polled.
+    tokio::time::sleep_until(at(655)).await;
     assert!(limiter.check_n(&key, 1).is_allowed());
-    // `r` is ready only after its bucket, at 0.96 s: its unit has left the
-    // window, which h's and b's units fill until 0.98 s. Renewed, it waits at
-    // the front of the queue, ahead of `b`.
-    tokio::time::sleep_until(at(965)).await;
+    // `r` is ready only after its bucket, at 0.951 s: its unit has left the
+    // window, which h's and b's units fill until 0.956 s. Renewed, it waits at
+    // the front of the queue, ahead of `b`, for 0.957 s.
+    tokio::time::sleep_until(at(955)).await;
     assert!(served_at(&served, start).is_empty());
     // Polled at last, `b` gives back its unit and waits again, behind `r`.
     let polled =
@@ -907,12 +953,13 @@ async fn a_renewed_request_is_woken_for_the_unit_a_request_polled_late_gives_bac
     for call in [r, h, b] {
         assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
     }
-    // `r` takes b's unit at once (0.965 s); `h`, ready at 1.12 s, renews when
-    // r's unit has left; `b`, admitted at 0.98 s (h's units gone) and ready at
-    // 1.28 s, renews when h's renewed units have left.
+    // `r` takes b's unit at once (0.955 s); `b` is admitted at 0.957 s (h's
+    // units gone), in r's bucket, which then leaves at 1.107 s. `h`, ready at
+    // 1.106 s, renews when it has: 1.108 s. `b`, ready at 1.257 s, renews at
+    // once (h's 2 units and its own fit).
     assert_eq!(
         served_at(&served, start),
-        expected_at(&[("r", 965), ("h", 1120), ("b", 1280)]),
+        expected_at(&[("r", 955), ("h", 1108), ("b", 1257)]),
         "{:?}",
         layer.wait_stats()
     );
@@ -953,7 +1000,7 @@ async fn backpressure_ready_after_the_reserved_units_bucket_still_serves_the_nex
     }
     assert_eq!(
         served_at(&served, start),
-        expected_at(&[("a", 0), ("b", 250), ("c", 1600)]),
+        expected_at(&[("a", 0), ("b", 250), ("c", TURN)]),
         "{:?}",
         layer.wait_stats()
     );

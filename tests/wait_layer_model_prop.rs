@@ -2,15 +2,19 @@
 //! different windows and bucket counts, against a reference model (paused
 //! clock, strict precision, boundaries on whole milliseconds).
 //!
-//! The model replays every policy's strict rule and the queue's FIFO rule: a
-//! request is admitted, all-or-nothing, at the earliest instant every policy
-//! allows and no earlier than the request before it. When every request is
-//! awaited (or its response future dropped at once), each outcome is checked
-//! exactly: cost 0 passes at once, a cost above any limit is rejected at once,
-//! a request is rejected (at once) only when it finds `max_queue` waiters or
-//! its wait would exceed `max_wait`, and every other request reaches the inner
-//! service exactly at the model's instant. A response future dropped at once
-//! must leave no trace unless its request was forwarded on arrival.
+//! The model replays every policy's strict rule (a bucket's units count until
+//! its newest admission has left the window) and the queue's FIFO rule: a
+//! request is admitted, all-or-nothing, at the timer's first millisecond at
+//! which every policy allows it, and no earlier than the request before it. A
+//! request checked on arrival and denied by one policy is given back by the
+//! others, whose buckets keep its instant as their newest admission. When
+//! every request is awaited (or its response future dropped at once), each
+//! outcome is checked exactly: cost 0 passes at once, a cost above any limit
+//! is rejected at once, a request is rejected (at once) only when it finds
+//! `max_queue` waiters or its wait would exceed `max_wait`, and every other
+//! request reaches the inner service exactly at the model's instant. A
+//! response future dropped at once must leave no units counted unless its
+//! request was forwarded on arrival.
 //!
 //! Cases with cancellations at random instants, response futures left unpolled
 //! for a while, and an inner service that is not ready for a while (so that
@@ -194,8 +198,10 @@ fn check_model(
     served: &[(usize, u64)],
 ) -> Result<(), TestCaseError> {
     let min_limit = geos.iter().map(|g| g.limit).min().unwrap();
-    // Per key: (instant, cost) of admissions, and instants of queued ones.
-    let mut records: [Vec<(u64, u32)>; 2] = Default::default();
+    // Per key and policy: (instant, cost) of admissions; per key: the latest
+    // admission, and instants of queued ones.
+    let mut records: [Vec<Vec<(u64, u32)>>; 2] = std::array::from_fn(|_| vec![vec![]; geos.len()]);
+    let mut last: [u64; 2] = [0; 2];
     let mut queued: [Vec<u64>; 2] = Default::default();
     for (i, (a, o)) in arrivals.iter().zip(obs).enumerate() {
         let t = a.at_ms;
@@ -208,6 +214,18 @@ fn check_model(
             prop_assert_eq!(served_at, Some(t), "cost 0 passes at once: {}", ctx);
             continue;
         }
+        let strict = queued[k].iter().filter(|&&q| q > t).count();
+        // With nobody waiting, a request is checked on arrival against every
+        // policy; denied by one, it is given back by the others, whose
+        // buckets keep its instant as their newest admission (a record of no
+        // units). A waiter admitted at the same instant records it anyway.
+        if strict == 0 && served_at != Some(t) {
+            for (g, records) in geos.iter().zip(records[k].iter_mut()) {
+                if g.fits(records, t, a.cost) {
+                    records.push((t, 0));
+                }
+            }
+        }
         if a.cost > min_limit {
             prop_assert_eq!(served_at, None, "{}", ctx);
             if !dropped {
@@ -219,10 +237,9 @@ fn check_model(
             }
             continue;
         }
-        let strict = queued[k].iter().filter(|&&q| q > t).count();
         let tie = queued[k].iter().filter(|&&q| q == t).count();
-        let last = records[k].last().map_or(0, |r| r.0);
-        let pred = earliest(geos, &records[k], t.max(last), a.cost);
+        let by_policy: Vec<&[(u64, u32)]> = records[k].iter().map(Vec::as_slice).collect();
+        let pred = earliest(geos, &by_policy, t.max(last[k]), a.cost);
         let full_surely = strict >= max_queue;
         let full_maybe = strict + tie >= max_queue;
         let too_long = pred - t > max_wait_ms;
@@ -240,7 +257,10 @@ fn check_model(
                 } else {
                     prop_assert!(matches!(o.fin, Fin::Answered(_, StatusCode::OK)), "{}", ctx);
                 }
-                records[k].push((pred, a.cost));
+                for records in &mut records[k] {
+                    records.push((pred, a.cost));
+                }
+                last[k] = pred;
                 if !(at_once && (tie == 0 || dropped)) {
                     // Could have queued (ties: the queue's order decides).
                     queued[k].push(pred);

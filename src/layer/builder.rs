@@ -238,8 +238,9 @@ impl<X: Keyed> SlidingWindowLayer<X> {
     /// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
     /// let limited = svc.clone().oneshot(req()).await?;
     /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// // Whole seconds, rounded up: at most a window plus one bucket (60 s / 15).
-    /// assert_eq!(limited.headers()["retry-after"], "64");
+    /// // Whole seconds, rounded up: a window after the first request, to a
+    /// // step of its bucket.
+    /// assert_eq!(limited.headers()["retry-after"], "61");
     /// # Ok(()) }
     /// ```
     pub fn new(policy: Policy, extractor: X) -> Result<Self, ConfigError>
@@ -1456,19 +1457,20 @@ mod tests {
             layer.stores().map(|l| l.stats().keys_tracked).collect()
         };
         assert_eq!(tracked(&layer), [1_000, 1_000]);
-        // No more requests. The per-second keys hold units through 16 buckets
-        // of 1/15 s (1066.7 ms); tokio's timer fires on the next 1 ms tick.
+        // No more requests. A ring is idle once its newest slot has left the
+        // span of N + 1 buckets: for the per-second keys 8 buckets of 1/7 s
+        // (1142.9 ms); tokio's timer fires on the next 1 ms tick.
         let (second, minute) = (
             layer.stores().next().unwrap(),
             layer.stores().nth(1).unwrap(),
         );
         let rounds = second.sweeper_rounds();
-        tokio::time::advance(Duration::from_millis(1067)).await;
+        tokio::time::advance(Duration::from_millis(1143)).await;
         second.sweeper_finished(rounds + 1).await;
         assert_eq!(tracked(&layer), [0, 1_000]);
-        // The minute's keys go a minute and a bucket (4 s) after their use.
+        // The minute's keys go a minute and a bucket (8.571 s) after their use.
         let rounds = minute.sweeper_rounds();
-        tokio::time::advance(Duration::from_millis(64_000 - 1067)).await;
+        tokio::time::advance(Duration::from_millis(68_572 - 1143)).await;
         minute.sweeper_finished(rounds + 1).await;
         assert_eq!(tracked(&layer), [0, 0]);
 

@@ -20,6 +20,9 @@ pub(crate) trait LocalStore<K>: Send + Sync {
     fn window_snapshot(&self, key: &K) -> WindowSnapshot;
     /// True while `decision` was counted in the current bucket.
     fn is_current(&self, decision: &Decision) -> bool;
+    /// [`is_current`](Self::is_current), and if so `decision` is spent now
+    /// (`Limiter::spend`).
+    fn spend(&self, key: &K, decision: &Decision) -> bool;
 }
 
 impl<K, C> LocalStore<K> for Limiter<K, C>
@@ -37,6 +40,10 @@ where
 
     fn is_current(&self, decision: &Decision) -> bool {
         Limiter::is_current(self, decision)
+    }
+
+    fn spend(&self, key: &K, decision: &Decision) -> bool {
+        Limiter::spend(self, key, decision)
     }
 }
 

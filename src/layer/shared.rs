@@ -35,8 +35,8 @@ pub use crate::tier::MAX_POLICIES;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let by_user = key_fn(|req: &Request<String>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()));
-/// // 1 request per 1.5 s per user (15 buckets of 100 ms); wait up to 2 s for a turn,
-/// // behind at most 7 others.
+/// // 1 request per 1.5 s per user; wait up to 2 s for a turn, behind at most
+/// // 7 others.
 /// let layer = SlidingWindowLayer::builder(by_user)
 ///     .policy(Policy::per(1, Duration::from_millis(1500))?)
 ///     .on_limit(OnLimit::Wait(WaitConfig::bounded(Duration::from_secs(2), 8)?))
@@ -48,9 +48,10 @@ pub use crate::tier::MAX_POLICIES;
 /// let req = || Request::builder().header("x-user", "ada").body(String::new()).unwrap();
 /// let start = tokio::time::Instant::now();
 /// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
-/// // The second waits until the first leaves the window (1.5 s plus a bucket)...
+/// // The second waits until the first leaves the window, 1.5 s after it (to a
+/// // step of its bucket), and passes at the timer's next millisecond...
 /// assert_eq!(svc.clone().oneshot(req()).await?.status(), StatusCode::OK);
-/// assert_eq!(start.elapsed(), Duration::from_millis(1600));
+/// assert_eq!(start.elapsed(), Duration::from_millis(1501));
 /// // ...and one whose turn would come after more than 2 s is rejected at once.
 /// let (second, third) = (svc.clone().oneshot(req()), svc.clone().oneshot(req()));
 /// let (second, third) = tokio::join!(second, third);

@@ -94,6 +94,18 @@ where
             .all(|(d, limit)| d.is_none_or(|d| local(&limit.store).is_current(&d)))
     }
 
+    fn spend(&self, key: &KeyOf<X>, admitted: &Admitted) -> bool {
+        let Some(local) = self.local else {
+            return false;
+        };
+        // All current first: a stale one is renewed, and none spent.
+        self.is_current(admitted)
+            && admitted
+                .iter()
+                .zip(self.policies.limits.iter())
+                .all(|(d, limit)| d.is_none_or(|d| local(&limit.store).spend(key, &d)))
+    }
+
     fn windows(&self, key: &KeyOf<X>) -> Vec<WindowSnapshot> {
         let Some(local) = self.local else {
             return Vec::new();
@@ -238,7 +250,7 @@ where
                 break (Ok(unsent.release()), failed);
             }
             let admitted = unsent.disarm();
-            if shared.is_current(&admitted) {
+            if shared.spend(&key, &admitted) {
                 shared.events.waited(started);
                 break (Ok(admitted), None);
             }

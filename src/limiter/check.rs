@@ -83,6 +83,30 @@ impl<K: Hash + Eq + Clone, C: Clock, H: Head> State<K, C, H> {
         decision.slot >= self.shape.slot(self.now())
     }
 
+    /// [`is_current`](Self::is_current), and if so the decision's bucket
+    /// keeps now as its newest admission (`Ring::touch`): its units are spent
+    /// now, and count in the window of now.
+    pub(super) fn spend(&self, key: &K, decision: &Decision) -> bool {
+        let g = &self.shape;
+        let now = self.now();
+        if decision.slot < g.slot(now) {
+            return false;
+        }
+        if !decision.is_allowed() || decision.cost == 0 {
+            return true;
+        }
+        if decision.overflow {
+            self.overflow.ring().touch(g, decision.slot, now);
+        } else {
+            self.with_ring(key, |ring| {
+                if let Ok(ring) = ring {
+                    ring.touch(g, decision.slot, now);
+                }
+            });
+        }
+        true
+    }
+
     /// The common case inline (a tracked key whose ring decides at once); every
     /// other case out of line, so the common one carries none of their weight.
     #[inline(always)]

@@ -652,6 +652,14 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     pub(crate) fn is_current(&self, decision: &Decision) -> bool {
         with_state!(&self.state, state => state.is_current(decision))
     }
+
+    /// [`is_current`](Self::is_current), and if so the admitted `decision`
+    /// for `key` is spent now: its bucket keeps now as its newest admission,
+    /// so that its units count in every window holding the instant they are
+    /// spent at, not only the instant they were admitted at.
+    pub(crate) fn spend(&self, key: &K, decision: &Decision) -> bool {
+        with_state!(&self.state, state => state.spend(key, decision))
+    }
 }
 
 impl<K, C> std::fmt::Debug for Limiter<K, C> {

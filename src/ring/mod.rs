@@ -1126,6 +1126,23 @@ impl<'a, H: Head> Ring<'a, H> {
         self.take_back(g, s, decision.cost);
     }
 
+    /// Keep `now` as the newest admission of slot `s`'s bucket while it holds
+    /// `s`: units admitted earlier in the slot but spent only now then count
+    /// until `now` has left the window, so that no window of the instants
+    /// they are spent at holds more than the limit. Nothing else changes.
+    pub(crate) fn touch(&self, g: &Geometry, s: u64, now: u64) {
+        let at = g.offset_at(s, now);
+        let bucket = self.bucket(g, s);
+        let mut cell = bucket.load();
+        while age::<H::Bucket>(s, cell) == 0 && offset(cell) < at {
+            let next = pack_at::<H::Bucket>(s, count::<H::Bucket>(cell), at);
+            match bucket.compare_exchange_weak(cell, next) {
+                Ok(_) => return,
+                Err(actual) => cell = actual,
+            }
+        }
+    }
+
     /// Take `cost` back out of slot `s`'s bucket. If the bucket has moved on to a
     /// newer slot, our units went with it and there is nothing to take back.
     /// Units taken back from a slot older than the newest (an undo, or a check
@@ -1539,13 +1556,13 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     /// When a unit admitted alone at `t` (strict) leaves the window: its
-    /// newest offset's instant, a step of the bucket at most after `t`,
+    /// newest offset's instant, less than a step of the bucket after `t`,
     /// plus the window.
     fn unit_leaves(g: &Geometry, t: u64) -> u64 {
         let s = g.slot(t);
         let leaves = g.leaves(s, g.offset_at(s, t));
         let window = g.buckets() * g.width();
-        assert!(leaves >= t + window && leaves <= t + window + 2 * (g.width() >> 16) + 2);
+        assert!(leaves >= t + window && leaves <= t + window + (g.width() >> 16));
         leaves
     }
 
@@ -1593,6 +1610,7 @@ mod tests {
         a_position_unwritten_for_many_tag_ranges_is_never_counted,
         cost_counts_as_units,
         undo_gives_the_units_back,
+        units_spent_later_in_their_bucket_count_until_the_spend_has_left,
         a_charge_past_the_limit_denies_until_it_leaves_the_window,
         a_charge_and_a_partial_undo_are_exact,
         a_charge_past_the_buckets_range_counts_what_the_bucket_holds,
@@ -1825,6 +1843,22 @@ mod tests {
         assert_eq!(ring.peek(&g, 5000 * MS, 0).remaining(), 1);
         ring.undo(&g, &late);
         assert_eq!(ring.peek(&g, 5000 * MS, 0).remaining(), 2);
+    }
+
+    fn units_spent_later_in_their_bucket_count_until_the_spend_has_left<H: Head>() {
+        let g = geometry(2, 1000, 10, Precision::Strict);
+        let owned = OwnedRing::<H>::new(&g, 0);
+        let ring = owned.ring();
+        assert!(ring.acquire(&g, 10 * MS, 2).is_allowed());
+        // Spent at 60 ms, in the same bucket: they count until 60 ms has
+        // left, not 10 ms; a touch never moves the newest admission earlier.
+        ring.touch(&g, 0, 60 * MS);
+        ring.touch(&g, 0, 20 * MS);
+        let leaves = unit_leaves(&g, 60 * MS);
+        assert!(!ring.acquire(&g, unit_leaves(&g, 10 * MS), 1).is_allowed());
+        let denied = ring.acquire(&g, leaves - 1, 1);
+        assert_eq!(denied.retry_after(), nanos(1));
+        assert!(ring.acquire(&g, leaves, 2).is_allowed());
     }
 
     fn a_charge_past_the_limit_denies_until_it_leaves_the_window<H: Head>() {

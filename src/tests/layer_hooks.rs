@@ -56,6 +56,10 @@ impl LocalStore<String> for Hooked {
     fn is_current(&self, decision: &crate::Decision) -> bool {
         LocalStore::is_current(&self.limiter, decision)
     }
+
+    fn spend(&self, key: &String, decision: &crate::Decision) -> bool {
+        LocalStore::spend(&self.limiter, key, decision)
+    }
 }
 
 impl crate::Store<String> for Hooked {

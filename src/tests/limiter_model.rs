@@ -297,26 +297,6 @@ fn observed(d: &Decision) -> Expected {
     }
 }
 
-/// The most units admitted in any closed interval `[t, t + len]` (sorted by time).
-/// Closed is stronger than needed: N buckets of `ceil(W / N)` put any two instants
-/// at most `W` apart within N + 1 consecutive slots, so strict mode bounds these too.
-fn max_in_any_interval(admitted: &[(u64, u64)], len: u64) -> (u64, u64) {
-    let mut worst = (0, 0);
-    let mut end = 0;
-    let mut sum = 0;
-    for (i, &(t, _)) in admitted.iter().enumerate() {
-        while end < admitted.len() && admitted[end].0 <= t + len {
-            sum += admitted[end].1;
-            end += 1;
-        }
-        if sum > worst.0 {
-            worst = (sum, t);
-        }
-        sum -= admitted[i].1;
-    }
-    worst
-}
-
 /// The most units of `admitted` (instant, units; any order) in any window
 /// `(t - len, t]`: the strict guarantee, over the instants the limiter counts
 /// its admissions at ([`effective`]).

@@ -25,6 +25,12 @@ fn policy(limit: u32, window_ms: u64, buckets: u32) -> Policy {
         .expect("valid policy")
 }
 
+/// The last nanosecond of the first step (1/2^16) of a bucket `width` ns
+/// wide: a unit admitted at a bucket's start counts as admitted then.
+fn step_end(width: u64) -> u64 {
+    width.div_ceil(1 << 16) - 1
+}
+
 fn limiter(p: Policy, max_keys: usize) -> (Limiter<u8, ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     let limiter = Limiter::builder(p)
@@ -179,10 +185,12 @@ fn a_lowered_limit_denies_until_the_units_admitted_leave_the_window() {
     clock.set(100 * MS);
     let five = ten.reconfigured(policy(5, 1000, 10)).unwrap();
     assert!(!five.check(&1).is_allowed());
-    // The units of slot 0 count through slot 10 (strict) and leave at 1.1 s.
-    clock.set(1100 * MS - 1);
+    // The units admitted at 0 leave one window later, to a step of the
+    // 100 ms bucket.
+    let leaves = 1000 * MS + step_end(100 * MS);
+    clock.set(leaves - 1);
     assert!(!five.check(&1).is_allowed());
-    clock.set(1100 * MS);
+    clock.set(leaves);
     assert!(five.check_n(&1, 5).is_allowed());
     assert!(!five.check(&1).is_allowed());
 }
@@ -194,14 +202,17 @@ fn a_longer_window_keeps_the_counts_of_the_old_one() {
     clock.set(500 * MS);
     let long = short.reconfigured(policy(10, 2000, 10)).unwrap();
     assert_eq!(long.usage(&1).used, 10);
-    // The old policy would free them at 1.1 s; the new one counts them,
-    // moved to the 200 ms bucket holding the end of their old bucket
-    // (slot 0), through slot 10: they leave at 2.2 s.
+    // The old policy would free them one second after 0; the new one counts
+    // them at their newest instant as the old bucket kept it (its first
+    // step, 1 525 ns), in the first step of the 200 ms bucket holding it:
+    // they leave two seconds after that step's last nanosecond.
+    assert_eq!(step_end(100 * MS), 1_525);
     clock.set(1500 * MS);
     assert!(!long.check(&1).is_allowed());
-    clock.set(2200 * MS - 1);
+    let leaves = 2000 * MS + step_end(200 * MS);
+    clock.set(leaves - 1);
     assert!(!long.check(&1).is_allowed());
-    clock.set(2200 * MS);
+    clock.set(leaves);
     assert!(long.check_n(&1, 10).is_allowed());
 }
 
@@ -214,12 +225,14 @@ fn a_shorter_window_drops_units_it_no_longer_covers_and_keeps_the_rest() {
     clock.set(600 * MS);
     let short = long.reconfigured(policy(5, 500, 5)).unwrap();
     // The units of 0 ms are 600 ms old, out of the new window: dropped. Those
-    // of 300 ms, in the 100 ms bucket of slot 3, count through slot 8.
+    // of 300 ms, the first step of their 100 ms bucket, count until half a
+    // second after it.
     assert_eq!(short.usage(&1).used, 5);
     assert!(!short.check(&1).is_allowed());
-    clock.set(900 * MS - 1);
+    let leaves = 800 * MS + step_end(100 * MS);
+    clock.set(leaves - 1);
     assert!(!short.check(&1).is_allowed());
-    clock.set(900 * MS);
+    clock.set(leaves);
     assert!(short.check_n(&1, 5).is_allowed());
     assert!(!short.check(&1).is_allowed());
 }

@@ -549,13 +549,17 @@ fn moved_under_racing_checks(width: u64) {
         };
         // The clock: a step every 40 checks of the watched keys, mostly within
         // a bucket, sometimes past a window (the flood's keys and idle watched
-        // keys are then swept).
+        // keys are then swept). Never backwards: the windows are checked on
+        // the readings around each check, which bound its own only then.
         let mut rng = Rng(0xc10c);
+        let mut reading = 0;
         start.wait();
         while workers.iter().any(|w| !w.is_finished()) {
             assert!(!alarm.load(SeqCst), "a thread panicked");
             let due = done.load(SeqCst) / 40;
-            clock.set((due as u64 * WIDTH / 3 + step(&mut rng) / 8) * (width / WIDTH));
+            let next = (due as u64 * WIDTH / 3 + step(&mut rng) / 8) * (width / WIDTH);
+            reading = next.max(reading);
+            clock.set(reading);
             thread::yield_now();
         }
         let records: Vec<Record> = workers

@@ -339,9 +339,10 @@ async fn a_reservation_kept_past_its_bucket_is_renewed_before_use() {
     poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
     advance(ms(250)).await;
     let unit = ready.take().unwrap();
+    // Buckets of 1.5 s / 7 (214.3 ms): 250 ms lies in the second.
     assert_eq!(
         unit.recorded_slot(),
-        2,
+        1,
         "counted again in the bucket it is spent in"
     );
     assert_eq!(limiter.usage(&()).used, 1, "the old unit was given back");
@@ -424,9 +425,9 @@ async fn renewing_a_stale_reservation_behind_a_waiter_cancels_no_waiter() {
         other.take().is_some()
     });
     tokio::task::yield_now().await;
-    advance(ms(100)).await;
-    // Spent at 200 ms, the reservation is stale: it is given back, and with a
-    // waiter ahead it is not renewed.
+    advance(ms(150)).await;
+    // Spent at 250 ms, past its bucket (1.5 s / 7: 214.3 ms), the reservation
+    // is stale: it is given back, and with a waiter ahead it is not renewed.
     assert!(ready.take().is_none());
     assert!(waiting.await.unwrap(), "the waiter got the unit given back");
     let stats = ready.queue().stats();

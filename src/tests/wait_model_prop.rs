@@ -198,7 +198,7 @@ fn check_model(
             let at_once = r.cost > 0
                 && r.cost <= geo.limit
                 && nobody_waits
-                && fits(std::slice::from_ref(geo), &m.records, t, r.cost);
+                && fits(std::slice::from_ref(geo), &[&m.records], t, r.cost);
             if at_once && !o.waiting {
                 m.records.push((t, 0));
             }
@@ -236,7 +236,12 @@ fn check_model(
         let strict = m.queued.iter().filter(|&&a| a > t).count();
         let tie = m.queued.iter().filter(|&&a| a == t).count();
         let last = m.records.last().map_or(0, |r| r.0);
-        let pred = earliest(std::slice::from_ref(geo), &m.records, t.max(last), r.cost);
+        let pred = earliest(
+            std::slice::from_ref(geo),
+            &[&m.records],
+            t.max(last),
+            r.cost,
+        );
         let wait = Duration::from_millis(pred - t);
         let (full_surely, full_maybe) = match max_queue {
             Some(q) => (strict >= q, strict + tie >= q),

@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// // 1 per 1.5 s, in 15 buckets of 100 ms.
+/// // 1 per 1.5 s.
 /// let limiter = Arc::new(Limiter::new(Policy::per(1, Duration::from_millis(1500)).unwrap()).unwrap());
 /// let mut ready = Backpressure::new(limiter);
 /// poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
@@ -35,8 +35,10 @@ use std::task::{Context, Poll};
 /// assert!(unit.is_allowed());
 ///
 /// let start = tokio::time::Instant::now();
-/// poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap(); // Pending until the unit frees
-/// assert_eq!(tokio::time::Instant::now(), start + Duration::from_millis(1600));
+/// // Pending until the unit frees, 1.5 s after it (to a step of its bucket),
+/// // at the timer's next millisecond.
+/// poll_fn(|cx| ready.poll_reserve(cx)).await.unwrap();
+/// assert_eq!(tokio::time::Instant::now(), start + Duration::from_millis(1501));
 /// drop(ready); // unspent: the unit is given back
 /// # }
 /// ```

@@ -229,18 +229,19 @@ pub struct WaitStats {
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// // 2 per 1.5 s in 15 buckets of 100 ms.
+/// // 2 per 1.5 s.
 /// let limiter = Arc::new(Limiter::new(Policy::per(2, Duration::from_millis(1500)).unwrap()).unwrap());
 /// let queues = Arc::new(WaitQueues::new(limiter, WaitConfig::bounded(Duration::from_secs(5), 16).unwrap()));
 ///
 /// let start = tokio::time::Instant::now();
 /// queues.acquire("alice", 1).await.unwrap();
 /// queues.acquire("alice", 1).await.unwrap();
-/// // The third waits until the first units leave the window: 1.5 s plus one bucket.
+/// // The third waits until the first units leave the window, 1.5 s after them
+/// // (to a step of their bucket), at the timer's next millisecond.
 /// let third = queues.acquire("alice", 1);
-/// assert_eq!(third.expected_admission(), Some(start + Duration::from_millis(1600)));
+/// assert_eq!(third.expected_admission(), Some(start + Duration::from_millis(1501)));
 /// third.await.unwrap();
-/// assert_eq!(tokio::time::Instant::now(), start + Duration::from_millis(1600));
+/// assert_eq!(tokio::time::Instant::now(), start + Duration::from_millis(1501));
 /// # }
 /// ```
 pub struct WaitQueues<K, C = AutoClock> {
@@ -327,6 +328,10 @@ where
 
     fn is_current(&self, admitted: &Decision) -> bool {
         self.limiter.is_current(admitted)
+    }
+
+    fn spend(&self, key: &K, admitted: &Decision) -> bool {
+        self.limiter.spend(key, admitted)
     }
 
     fn windows(&self, key: &K) -> Vec<WindowSnapshot> {

@@ -50,6 +50,12 @@ pub(crate) trait Gate<K>: Send + Sync + 'static {
     /// True while `admitted` was recorded in the current bucket of every policy.
     fn is_current(&self, admitted: &Self::Admitted) -> bool;
 
+    /// [`is_current`](Self::is_current), and if so `admitted` is spent now:
+    /// each policy's bucket keeps now as its newest admission, so that a
+    /// window holding the instant it is spent at counts it (it may have been
+    /// admitted earlier in the bucket).
+    fn spend(&self, key: &K, admitted: &Self::Admitted) -> bool;
+
     /// Each policy's window for `key` now, in policy order.
     fn windows(&self, key: &K) -> Vec<WindowSnapshot>;
 }
@@ -611,7 +617,7 @@ fn step<K: Hash + Eq + Clone, G: Gate<K>>(
         return Step::Ready(Err(lost()));
     };
     if let State::Admitted(admitted) = q.entries[i].state {
-        if gate.is_current(&admitted) {
+        if gate.spend(key, &admitted) {
             q.entries.remove(i);
             return Step::Ready(Ok(admitted));
         }
@@ -943,7 +949,7 @@ impl<K: Hash + Eq + Clone, G: Gate<K, Admitted = A>, A: Copy> Reservation<K, G, 
         else {
             return None;
         };
-        if self.gate.is_current(&admitted) {
+        if self.gate.spend(&self.key, &admitted) {
             return Some(admitted);
         }
         release_unused(&*self.gate, &self.key, &admitted);

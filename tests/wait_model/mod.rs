@@ -66,23 +66,34 @@ impl Geo {
     }
 }
 
-/// Whether `cost` more fits every policy at `t`, given the (instant ms, cost)
-/// of every admission.
-pub fn fits(geos: &[Geo], records: &[(u64, u32)], t: u64, cost: u32) -> bool {
-    geos.iter().all(|g| {
-        let used: u64 = g.counting(records, t).iter().map(|b| b.0).sum();
-        used + cost as u64 <= g.limit as u64
-    })
+impl Geo {
+    /// Whether `cost` more fits this policy at `t`, given the (instant ms,
+    /// cost) of every admission it counted.
+    pub fn fits(&self, records: &[(u64, u32)], t: u64, cost: u32) -> bool {
+        let used: u64 = self.counting(records, t).iter().map(|b| b.0).sum();
+        used + cost as u64 <= self.limit as u64
+    }
+}
+
+/// Whether `cost` more fits every policy at `t`, given for each policy the
+/// (instant ms, cost) of every admission it counted. A record of no units
+/// stands for units given back at once: their bucket keeps the instant as its
+/// newest admission.
+pub fn fits(geos: &[Geo], records: &[&[(u64, u32)]], t: u64, cost: u32) -> bool {
+    geos.iter()
+        .zip(records)
+        .all(|(g, records)| g.fits(records, t, cost))
 }
 
 /// The earliest instant from `t0` at which `cost` more fits every policy:
 /// when enough buckets have left, at the timer's next whole millisecond.
-pub fn earliest(geos: &[Geo], records: &[(u64, u32)], t0: u64, cost: u32) -> u64 {
+pub fn earliest(geos: &[Geo], records: &[&[(u64, u32)]], t0: u64, cost: u32) -> u64 {
     let mut t = t0;
     while !fits(geos, records, t, cost) {
         t = geos
             .iter()
-            .flat_map(|g| g.counting(records, t))
+            .zip(records)
+            .flat_map(|(g, records)| g.counting(records, t))
             .map(|(_, leaves)| leaves.div_ceil(MS))
             .min()
             .unwrap();
