@@ -170,6 +170,18 @@ where
     }
 }
 
+/// The inner service as the layer needs it: `call` may move the readied
+/// instance, with the request, into a response future that is boxed as `Send`
+/// (a store that answers later, a waiting mode), and a clone takes its place.
+/// The bounds of that path, named once; the public `Service` impl spells them
+/// out, as a private trait must not show in its signature.
+pub(crate) trait Inner<Req>:
+    Service<Req, Future: Send + 'static> + Clone + Send + 'static
+{
+}
+
+impl<S, Req> Inner<Req> for S where S: Service<Req, Future: Send + 'static> + Clone + Send + 'static {}
+
 impl<S, Req, X, St, M> Service<Req> for SlidingWindow<S, X, St, M>
 where
     S: Service<Req> + Clone + Send + 'static,
@@ -453,8 +465,7 @@ fn decide_later<S, Req, X, St, M>(
     answers: Answers,
 ) -> ResponseFuture<S::Future, M>
 where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Future: Send + 'static,
+    S: Inner<Req>,
     Req: Send + 'static,
     X: KeyExtractor<Req>,
     St: Store<KeyOf<X>>,
