@@ -3,9 +3,10 @@
 //! One request goes, in `call`: exemption → key (or the `MissingKey`
 //! outcome) → cost → `decide_now`: every store's `check_now` → [`decide`]
 //! (all-or-nothing, picks the policy to report) → [`act`] (forward with
-//! headers, or reject), returned as what to do, which `call` does. A store
-//! that cannot answer at once moves the rest into the response future
-//! (`decide_later`); everything after the answers is the same code.
+//! headers, or reject). `decide_now` borrows the request and returns what
+//! to do; `call` does it, moving the request once. A store that cannot
+//! answer at once moves the rest into the response future (`decide_later`);
+//! everything after the answers is the same code.
 //!
 //! A layer of tiers first finds the request's tier and key in the table its
 //! service last saw (current after one atomic load): a limited tier's
@@ -28,7 +29,7 @@ use super::waiting::{self, BoxedReady};
 use crate::decision::Decision;
 use crate::extract::{KeyExtractor, KeyOf, Keyed};
 use crate::limiter::Limiter;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -246,13 +247,21 @@ where
         // inlined one, it was copied once more on every call.
         let inner = &mut self.inner;
         match decide_now::<S, Req, X, St, M>(shared, policies, &req, &key, cost) {
-            Now::Forward(None) => ResponseFuture::forwarded(inner.call(req)),
-            Now::Forward(Some(headers)) => ResponseFuture::with_headers(inner.call(req), headers),
-            Now::Reject(output) => ResponseFuture::rejected(output),
-            Now::Later(answers) => decide_later(layer, policies, inner, req, key, cost, answers),
-            Now::SettleOne(admitted) => {
+            Now::Admitted(admitted) if shared.settles() => {
                 settle::forward_one(layer, policies, inner, req, key, cost, admitted)
             }
+            Now::Admitted(admitted) => {
+                match shared.mode.allowed_headers(|| policies.report(0, admitted)) {
+                    None => ResponseFuture::forwarded(inner.call(req)),
+                    Some(headers) => ResponseFuture::with_headers(inner.call(req), headers),
+                }
+            }
+            Now::Act(Action::Forward(None)) => ResponseFuture::forwarded(inner.call(req)),
+            Now::Act(Action::Forward(Some(headers))) => {
+                ResponseFuture::with_headers(inner.call(req), headers)
+            }
+            Now::Act(Action::Reject(output)) => ResponseFuture::rejected(output),
+            Now::Later(answers) => decide_later(layer, policies, inner, req, key, cost, answers),
             Now::SettleAll(answers, headers) => {
                 settle::forward_all(layer, policies, inner, req, key, cost, &answers, headers)
             }
@@ -261,19 +270,15 @@ where
 }
 
 /// What `call` does with a request once its policies have answered at once.
-// Returned, not stored: only the variant taken is written.
-#[allow(clippy::large_enum_variant)]
 enum Now<R, E> {
-    /// Forward it, with the headers of the reported policy if the mode
-    /// writes any (allowed, or a dry run).
-    Forward(Option<RateLimitHeaders>),
-    /// Answer it at once (limited, a store down).
-    Reject(Result<R, E>),
+    /// Admitted by the layer's one policy, the common case: forward it.
+    Admitted(Decision),
+    /// Forward it (every policy admitted it, or a dry run) or reject it, as
+    /// [`act`] says.
+    Act(Action<R, E>),
     /// Some store answers later: decide in the response future, with the
     /// answers so far.
     Later(Answers),
-    /// Forward it under a ledger that settles: admitted by the one policy.
-    SettleOne(Decision),
     /// Forward it under a ledger that settles: admitted by every policy.
     SettleAll(Answers, Option<RateLimitHeaders>),
 }
@@ -297,22 +302,38 @@ where
     M: RejectionMode<Req, S>,
 {
     // One policy admitting the request, the common case: forward it without
-    // the all-or-nothing bookkeeping below (which would decide the same),
-    // and before the answers of every policy are even set up.
-    let mut first = None;
-    if let [limit] = &policies.limits[..] {
-        match limit.store.check_now(key, cost) {
-            Some(Ok(d)) if d.is_allowed() => {
-                if shared.settles() {
-                    return Now::SettleOne(d);
-                }
-                return Now::Forward(shared.mode.allowed_headers(|| policies.report(0, d)));
-            }
+    // the all-or-nothing bookkeeping (which would decide the same), and
+    // before the answers of every policy are even set up.
+    let first = match &policies.limits[..] {
+        [limit] => match limit.store.check_now(key, cost) {
+            Some(Ok(d)) if d.is_allowed() => return Now::Admitted(d),
             // A remote store: ask it through its future.
             None => return Now::Later(Default::default()),
-            answer => first = answer,
-        }
-    }
+            answer => answer,
+        },
+        _ => None,
+    };
+    decide_all::<S, Req, X, St, M>(shared, policies, req, key, cost, first)
+}
+
+/// [`decide_now`] past the common case, with the one policy's answer if it
+/// was asked: out of line, so that the common case carries none of the
+/// answers' bookkeeping.
+#[inline(never)]
+fn decide_all<S, Req, X, St, M>(
+    shared: &Shared<X, St, M>,
+    policies: &Policies<St>,
+    req: &Req,
+    key: &KeyOf<X>,
+    cost: u32,
+    first: Option<Result<Decision, StoreError>>,
+) -> Now<M::Response, M::Error>
+where
+    S: Service<Req>,
+    X: Keyed,
+    St: Store<KeyOf<X>>,
+    M: RejectionMode<Req, S>,
+{
     let mut answers: Answers = Default::default();
     answers[0] = first;
     // A store that answers later (a remote one) is only asked when no
@@ -325,8 +346,7 @@ where
         Action::Forward(headers) if shared.settles() && matches!(verdict, Verdict::Allowed(_)) => {
             Now::SettleAll(answers, headers)
         }
-        Action::Forward(headers) => Now::Forward(headers),
-        Action::Reject(output) => Now::Reject(output),
+        action => Now::Act(action),
     }
 }
 
