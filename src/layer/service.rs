@@ -1,8 +1,10 @@
 //! The service: key the request, decide with every policy, forward or reject.
 //!
-//! One request goes: exemption → key (or the `MissingKey` outcome) → cost →
-//! every store's `check_now` → [`decide`] (all-or-nothing, picks the policy to
-//! report) → [`act`] (forward with headers, or reject). A store that cannot
+//! One request goes, in `call`: exemption → key (or the `MissingKey`
+//! outcome) → cost → `decide_now`: every store's `check_now` → [`decide`]
+//! (all-or-nothing, picks the policy to report) → [`act`] (forward with
+//! headers, or reject). `decide_now` borrows the request and returns what
+//! to do; `call` does it, moving the request once. A store that cannot
 //! answer at once moves the rest into the response future (`decide_later`);
 //! everything after the answers is the same code.
 //!
@@ -19,13 +21,15 @@
 use super::decide::{act, admitted, ask_now, decide, give_back, Action, Answers, Verdict};
 use super::future::{take_readied, ResponseFuture};
 use super::rejection::{Rejection, RejectionMode, Violated};
+use super::response::RateLimitHeaders;
 use super::settle;
 use super::shared::{MissingKey, Shared, SlidingWindowLayer};
 use super::tiers::{DeniedTier, Policies, Tier, TierCache, TierState, TierTable};
 use super::waiting::{self, BoxedReady};
+use crate::decision::Decision;
 use crate::extract::{KeyExtractor, KeyOf, Keyed};
 use crate::limiter::Limiter;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -167,70 +171,17 @@ where
     }
 }
 
-/// Decide `req` by `policies` now, or in the response future for a store
-/// that answers later; then forward or reject it, returning from the
-/// function it is expanded in. A macro rather than a function: a request
-/// passed by value, even to an inlined function, is copied once more on
-/// every call. Expanded where the type parameters are named `S`, `Req`, `X`,
-/// `St` and `M`.
-macro_rules! decide_now {
-    ($layer:expr, $policies:expr, $inner:expr, $req:ident, $key:ident, $cost:ident) => {{
-        let layer: &Arc<Shared<X, St, M>> = $layer;
-        let policies: &Arc<Policies<St>> = $policies;
-        let shared = &**layer;
-        // One policy admitting the request, the common case: forward it without
-        // the all-or-nothing bookkeeping below (which would decide the same),
-        // and before the answers of every policy are even set up.
-        let mut first = None;
-        if let [limit] = &policies.limits[..] {
-            match limit.store.check_now(&$key, $cost) {
-                Some(Ok(d)) if d.is_allowed() => {
-                    if shared.settles() {
-                        return settle::forward_one(layer, policies, $inner, $req, $key, $cost, d);
-                    }
-                    // Written out rather than through `ResponseFuture::forward`:
-                    // the request is moved once fewer when `call` is inlined.
-                    return match shared.mode.allowed_headers(|| policies.report(0, d)) {
-                        None => ResponseFuture::forwarded($inner.call($req)),
-                        Some(headers) => ResponseFuture::with_headers($inner.call($req), headers),
-                    };
-                }
-                // A remote store: ask it through its future.
-                None => {
-                    return decide_later(
-                        layer,
-                        policies,
-                        $inner,
-                        $req,
-                        $key,
-                        $cost,
-                        Default::default(),
-                    )
-                }
-                answer => first = answer,
-            }
-        }
-        let mut answers: Answers = Default::default();
-        answers[0] = first;
-        // A store that answers later (a remote one) is only asked when no
-        // immediate answer has already denied the request.
-        if ask_now(policies, &$key, $cost, &mut answers) {
-            return decide_later(layer, policies, $inner, $req, $key, $cost, answers);
-        }
-        let verdict = decide(policies, &$key, &answers);
-        return match act::<Req, S, X, St, M>(shared, policies, &$req, &$key, verdict, &answers) {
-            Action::Forward(headers)
-                if shared.settles() && matches!(verdict, Verdict::Allowed(_)) =>
-            {
-                settle::forward_all(
-                    layer, policies, $inner, $req, $key, $cost, &answers, headers,
-                )
-            }
-            Action::Forward(headers) => ResponseFuture::forward($inner, $req, headers),
-            Action::Reject(output) => ResponseFuture::rejected(output),
-        };
-    }};
+/// The inner service as the layer needs it: `call` may move the readied
+/// instance, with the request, into a response future that is boxed as `Send`
+/// (a store that answers later, a waiting mode), and a clone takes its place.
+/// The bounds of that path, named once; the public `Service` impl spells them
+/// out, as a private trait must not show in its signature.
+pub(crate) trait Inner<Req>:
+    Service<Req, Future: Send + 'static> + Clone + Send + 'static
+{
 }
+
+impl<S, Req> Inner<Req> for S where S: Service<Req, Future: Send + 'static> + Clone + Send + 'static {}
 
 impl<S, Req, X, St, M> Service<Req> for SlidingWindow<S, X, St, M>
 where
@@ -258,43 +209,144 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        let shared = &*self.layer.shared;
+        let layer = &self.layer.shared;
+        let shared = &**layer;
         if shared.extractor.is_exempt(&req) {
             shared.events.exempt();
             // Backpressure reserved a unit in poll_ready: not this request's.
             waiting::give_back_reservation(&mut self.ready);
             return ResponseFuture::forwarded(self.inner.call(req));
         }
-        if let Some(tiers) = &mut self.tiers {
+        let (policies, key) = match &mut self.tiers {
             // A layer of tiers: the request's tier, in the table in force
             // (as this service last saw it), picks its policies.
-            let (policies, key) = match tier_of(&shared.extractor, tiers.load(), &req) {
+            Some(tiers) => match tier_of(&shared.extractor, tiers.load(), &req) {
                 Ok(found) => found,
                 Err(why) => return not_limited(shared, &mut self.inner, req, why),
-            };
-            let cost = shared.extractor.cost(&req);
-            let inner = &mut self.inner;
-            decide_now!(&self.layer.shared, policies, inner, req, key, cost)
-        }
-        let key = match shared.extractor.extract(&req) {
-            Some(key) => key,
-            None => {
-                shared.events.missing_key();
-                match &shared.missing_key {
-                    MissingKey::Fallback(key) => key.clone(),
-                    // The request moves only here: moved in and back out, it
-                    // was copied on every call.
-                    _ => return without_key(shared, &mut self.inner, &mut self.ready, req),
+            },
+            None => match shared.extractor.extract(&req) {
+                Some(key) => (&shared.policies, key),
+                None => {
+                    shared.events.missing_key();
+                    match &shared.missing_key {
+                        MissingKey::Fallback(key) => (&shared.policies, key.clone()),
+                        // The request moves only here: moved in and back out,
+                        // it was copied on every call.
+                        _ => return without_key(shared, &mut self.inner, &mut self.ready, req),
+                    }
                 }
-            }
+            },
         };
         let cost = shared.extractor.cost(&req);
+        // A layer of tiers never waits (the builder refuses it).
         if shared.waits() {
-            let shared = Arc::clone(&self.layer.shared);
-            return waiting::call(&shared, &mut self.inner, &mut self.ready, req, key, cost);
+            return waiting::call(layer, &mut self.inner, &mut self.ready, req, key, cost);
         }
+        // The request is moved only in these arms, straight into the call
+        // that takes it: passed by value through one more function, even an
+        // inlined one, it was copied once more on every call.
         let inner = &mut self.inner;
-        decide_now!(&self.layer.shared, &shared.policies, inner, req, key, cost)
+        match decide_now::<S, Req, X, St, M>(shared, policies, &req, &key, cost) {
+            Now::Admitted(admitted) if shared.settles() => {
+                settle::forward_one(layer, policies, inner, req, key, cost, admitted)
+            }
+            Now::Admitted(admitted) => {
+                match shared.mode.allowed_headers(|| policies.report(0, admitted)) {
+                    None => ResponseFuture::forwarded(inner.call(req)),
+                    Some(headers) => ResponseFuture::with_headers(inner.call(req), headers),
+                }
+            }
+            Now::Act(Action::Forward(None)) => ResponseFuture::forwarded(inner.call(req)),
+            Now::Act(Action::Forward(Some(headers))) => {
+                ResponseFuture::with_headers(inner.call(req), headers)
+            }
+            Now::Act(Action::Reject(output)) => ResponseFuture::rejected(output),
+            Now::Later(answers) => decide_later(layer, policies, inner, req, key, cost, answers),
+            Now::SettleAll(answers, headers) => {
+                settle::forward_all(layer, policies, inner, req, key, cost, &answers, headers)
+            }
+        }
+    }
+}
+
+/// What `call` does with a request once its policies have answered at once.
+enum Now<R, E> {
+    /// Admitted by the layer's one policy, the common case: forward it.
+    Admitted(Decision),
+    /// Forward it (every policy admitted it, or a dry run) or reject it, as
+    /// [`act`] says.
+    Act(Action<R, E>),
+    /// Some store answers later: decide in the response future, with the
+    /// answers so far.
+    Later(Answers),
+    /// Forward it under a ledger that settles: admitted by every policy.
+    SettleAll(Answers, Option<RateLimitHeaders>),
+}
+
+/// Decide a request by `policies` with the answers every store gives at
+/// once, all-or-nothing ([`decide`]), and say what to do with it ([`act`]).
+/// The request and key are borrowed: `call` moves them, once, into what
+/// it does.
+#[inline]
+fn decide_now<S, Req, X, St, M>(
+    shared: &Shared<X, St, M>,
+    policies: &Policies<St>,
+    req: &Req,
+    key: &KeyOf<X>,
+    cost: u32,
+) -> Now<M::Response, M::Error>
+where
+    S: Service<Req>,
+    X: Keyed,
+    St: Store<KeyOf<X>>,
+    M: RejectionMode<Req, S>,
+{
+    // One policy admitting the request, the common case: forward it without
+    // the all-or-nothing bookkeeping (which would decide the same), and
+    // before the answers of every policy are even set up.
+    let first = match &policies.limits[..] {
+        [limit] => match limit.store.check_now(key, cost) {
+            Some(Ok(d)) if d.is_allowed() => return Now::Admitted(d),
+            // A remote store: ask it through its future.
+            None => return Now::Later(Default::default()),
+            answer => answer,
+        },
+        _ => None,
+    };
+    decide_all::<S, Req, X, St, M>(shared, policies, req, key, cost, first)
+}
+
+/// [`decide_now`] past the common case, with the one policy's answer if it
+/// was asked: out of line, so that the common case carries none of the
+/// answers' bookkeeping.
+#[inline(never)]
+fn decide_all<S, Req, X, St, M>(
+    shared: &Shared<X, St, M>,
+    policies: &Policies<St>,
+    req: &Req,
+    key: &KeyOf<X>,
+    cost: u32,
+    first: Option<Result<Decision, StoreError>>,
+) -> Now<M::Response, M::Error>
+where
+    S: Service<Req>,
+    X: Keyed,
+    St: Store<KeyOf<X>>,
+    M: RejectionMode<Req, S>,
+{
+    let mut answers: Answers = Default::default();
+    answers[0] = first;
+    // A store that answers later (a remote one) is only asked when no
+    // immediate answer has already denied the request.
+    if ask_now(policies, key, cost, &mut answers) {
+        return Now::Later(answers);
+    }
+    let verdict = decide(policies, key, &answers);
+    match act::<Req, S, X, St, M>(shared, policies, req, key, verdict, &answers) {
+        Action::Forward(headers) if shared.settles() && matches!(verdict, Verdict::Allowed(_)) => {
+            Now::SettleAll(answers, headers)
+        }
+        action => Now::Act(action),
     }
 }
 
@@ -433,8 +485,7 @@ fn decide_later<S, Req, X, St, M>(
     answers: Answers,
 ) -> ResponseFuture<S::Future, M>
 where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Future: Send + 'static,
+    S: Inner<Req>,
     Req: Send + 'static,
     X: KeyExtractor<Req>,
     St: Store<KeyOf<X>>,

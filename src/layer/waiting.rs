@@ -10,6 +10,7 @@ use super::decide::{act, ask_now_local, decide, give_back, queued_verdict, Actio
 use super::future::{take_readied, ResponseFuture};
 use super::local::{Admitted, LayerQueues};
 use super::rejection::RejectionMode;
+use super::service::Inner;
 use super::settle::{self, Ledger};
 use super::shared::{Shared, MAX_POLICIES};
 use crate::decision::Decision;
@@ -191,8 +192,7 @@ pub(crate) fn call<S, Req, X, St, M>(
     cost: u32,
 ) -> ResponseFuture<S::Future, M>
 where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Future: Send + 'static,
+    S: Inner<Req>,
     Req: Send + 'static,
     X: KeyExtractor<Req>,
     St: Store<KeyOf<X>>,

@@ -128,7 +128,9 @@ pub struct Limiter<K, C = AutoClock> {
 }
 
 /// A limiter's state, in the layout its rings take: compact where the
-/// policy fits it (see `ring::layout`), else wide.
+/// policy fits it (see `ring::layout`), else wide. Code over it matches with
+/// an arm per layout, the two arms alike but each compiled for its own
+/// layout: a check pays one branch, no dynamic dispatch.
 enum Shared<K, C> {
     Compact(Arc<State<K, C, Compact>>),
     Wide(Arc<State<K, C, Wide>>),
@@ -155,15 +157,14 @@ impl<K, C> From<Arc<State<K, C, Wide>>> for Shared<K, C> {
     }
 }
 
-/// `$body` with `$state` bound to the state behind `$shared`, in whichever
-/// layout it is (the body is compiled once for each).
-macro_rules! with_state {
-    ($shared:expr, $state:ident => $body:expr) => {
-        match $shared {
-            Shared::Compact($state) => $body,
-            Shared::Wide($state) => $body,
+impl<K, C> Shared<K, C> {
+    /// The clock, the same in either layout.
+    fn clock(&self) -> &Arc<C> {
+        match self {
+            Shared::Compact(state) => &state.clock,
+            Shared::Wide(state) => &state.clock,
         }
-    };
+    }
 }
 
 /// Builder for [`Limiter`]: the clock, the key cap and the background sweeper.
@@ -338,7 +339,10 @@ where
         let now = shape.hold(reading);
         let mut state = State::new(shape, policy, clock, max_keys, sweep.clone(), now);
         if let Some(from) = from {
-            with_state!(from, old => state.carry_over(old, reading))?;
+            match from {
+                Shared::Compact(old) => state.carry_over(old, reading)?,
+                Shared::Wide(old) => state.carry_over(old, reading)?,
+            }
         }
         let state = Arc::new(state);
         let sweeper = state.spawn_sweeper(now);
@@ -475,7 +479,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
     /// assert!(!longer.check(&"user").is_allowed());
     /// ```
     pub fn reconfigured(&self, policy: Policy) -> Result<Limiter<K, C>, ConfigError> {
-        let clock = with_state!(&self.state, state => Arc::clone(&state.clock));
+        let clock = Arc::clone(self.state.clock());
         check_resolution(&policy, &*clock)?;
         let geometry = Geometry::new(&policy);
         let same_shape =
@@ -494,17 +498,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> Limiter<K, C> {
                 sweeper: self.sweeper.clone(),
             });
         }
-        let (sweep, max_keys) = with_state!(&self.state, state => {
-            let sweep = state.sweep.as_ref().map(|plan| SweepPlan {
-                runtime: plan.runtime.clone(),
-                // A sweeper per bucket width follows the buckets.
-                every: if plan.every == self.policy.bucket_width() {
-                    policy.bucket_width()
-                } else {
-                    plan.every
-                },
-            });
-            (sweep, state.max_keys)
+        let (sweep, max_keys) = match &self.state {
+            Shared::Compact(state) => (state.sweep.as_ref(), state.max_keys),
+            Shared::Wide(state) => (state.sweep.as_ref(), state.max_keys),
+        };
+        let sweep = sweep.map(|plan| SweepPlan {
+            runtime: plan.runtime.clone(),
+            // A sweeper per bucket width follows the buckets.
+            every: if plan.every == self.policy.bucket_width() {
+                policy.bucket_width()
+            } else {
+                plan.every
+            },
         });
         let (state, sweeper) = start(geometry, &policy, clock, max_keys, sweep, Some(&self.state));
         Ok(Limiter {
@@ -528,7 +533,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// it can never pass, so it is not a wait.
     #[inline]
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
-        with_state!(&self.state, state => state.check_n(&self.geometry, key, cost))
+        match &self.state {
+            Shared::Compact(state) => state.check_n(&self.geometry, key, cost),
+            Shared::Wide(state) => state.check_n(&self.geometry, key, cost),
+        }
     }
 
     /// What `check_n(key, cost)` would decide now, without counting anything.
@@ -538,7 +546,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// room, track the key; `peek` changes nothing, so it reports what the
     /// overflow ring would decide.
     pub fn peek(&self, key: &K, cost: u32) -> Decision {
-        with_state!(&self.state, state => state.peek(&self.geometry, key, cost))
+        match &self.state {
+            Shared::Compact(state) => state.peek(&self.geometry, key, cost),
+            Shared::Wide(state) => state.peek(&self.geometry, key, cost),
+        }
     }
 
     /// Give back the units an allowed `decision` for `key` counted: for a request
@@ -558,7 +569,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// still hold, and then more than the limit can pass in a window (for an
     /// overflow decision, room other keys in the shared overflow ring hold).
     pub fn undo(&self, key: &K, decision: &Decision) {
-        with_state!(&self.state, state => state.undo(key, decision))
+        match &self.state {
+            Shared::Compact(state) => state.undo(key, decision),
+            Shared::Wide(state) => state.undo(key, decision),
+        }
     }
 
     /// Count `units` for `key` now, whether or not they fit: the excess of a
@@ -594,7 +608,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// assert!(limiter.check_n(&"key", 10).is_allowed());
     /// ```
     pub fn charge(&self, key: &K, units: u32) -> Option<Decision> {
-        with_state!(&self.state, state => state.charge(&self.geometry, key, units))
+        match &self.state {
+            Shared::Compact(state) => state.charge(&self.geometry, key, units),
+            Shared::Wide(state) => state.charge(&self.geometry, key, units),
+        }
     }
 
     /// The key's usage right now (nothing counted).
@@ -612,7 +629,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// the counts since the last flush to the recorder (as the limiter does
     /// once per bucket width).
     pub fn stats(&self) -> LimiterStats {
-        with_state!(&self.state, state => state.stats())
+        match &self.state {
+            Shared::Compact(state) => state.stats(),
+            Shared::Wide(state) => state.stats(),
+        }
     }
 
     /// The policy this limiter enforces.
@@ -622,7 +642,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
 
     /// The limiter's clock.
     pub fn clock(&self) -> &C {
-        with_state!(&self.state, state => &state.clock)
+        self.state.clock()
     }
 
     /// Sweep every partition for idle keys now, returning how many were
@@ -633,7 +653,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// left with few keys is rebuilt smaller, and the memory of its old table
     /// goes back to the allocator in a few large blocks.
     pub fn evict_idle(&self) -> usize {
-        with_state!(&self.state, state => state.evict_idle())
+        match &self.state {
+            Shared::Compact(state) => state.evict_idle(),
+            Shared::Wide(state) => state.evict_idle(),
+        }
     }
 
     /// The key's window now, bucket by bucket, for the wait queue's forecast.
@@ -644,13 +667,19 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// as a copy) the overflow ring's window is the one its checks meet; else
     /// an empty window starting no earlier than the latest sweep.
     pub(crate) fn window_snapshot(&self, key: &K) -> WindowSnapshot {
-        with_state!(&self.state, state => state.window_snapshot(&self.geometry, key))
+        match &self.state {
+            Shared::Compact(state) => state.window_snapshot(&self.geometry, key),
+            Shared::Wide(state) => state.window_snapshot(&self.geometry, key),
+        }
     }
 
     /// True while an admitted `decision` was counted in the current bucket, so
     /// spending it now keeps the window guarantee for the instant it is spent.
     pub(crate) fn is_current(&self, decision: &Decision) -> bool {
-        with_state!(&self.state, state => state.is_current(decision))
+        match &self.state {
+            Shared::Compact(state) => state.is_current(decision),
+            Shared::Wide(state) => state.is_current(decision),
+        }
     }
 
     /// [`is_current`](Self::is_current), and if so the admitted `decision`
@@ -658,14 +687,19 @@ impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
     /// so that its units count in every window holding the instant they are
     /// spent at, not only the instant they were admitted at.
     pub(crate) fn spend(&self, key: &K, decision: &Decision) -> bool {
-        with_state!(&self.state, state => state.spend(key, decision))
+        match &self.state {
+            Shared::Compact(state) => state.spend(key, decision),
+            Shared::Wide(state) => state.spend(key, decision),
+        }
     }
 }
 
 impl<K, C> std::fmt::Debug for Limiter<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (max_keys, keys) =
-            with_state!(&self.state, state => (state.max_keys, state.keys.load(Relaxed)));
+        let (max_keys, keys) = match &self.state {
+            Shared::Compact(state) => (state.max_keys, state.keys.load(Relaxed)),
+            Shared::Wide(state) => (state.max_keys, state.keys.load(Relaxed)),
+        };
         f.debug_struct("Limiter")
             .field("policy", &self.policy)
             .field("max_keys", &max_keys)
@@ -679,11 +713,18 @@ impl<K: Hash + Eq + Clone, C> Limiter<K, C> {
     /// Where each partition's rings are now (a new address once they grow
     /// or are compacted).
     pub(crate) fn table_addresses(&self) -> Vec<usize> {
-        with_state!(&self.state, state => state
-            .partitions()
-            .iter()
-            .map(|p| p.read().rings_address())
-            .collect())
+        match &self.state {
+            Shared::Compact(state) => state
+                .partitions()
+                .iter()
+                .map(|p| p.read().rings_address())
+                .collect(),
+            Shared::Wide(state) => state
+                .partitions()
+                .iter()
+                .map(|p| p.read().rings_address())
+                .collect(),
+        }
     }
 }
 
@@ -702,12 +743,20 @@ impl<K, C> Limiter<K, C> {
     /// overflow ring no earlier.
     #[cfg(test)]
     pub(crate) fn swept_at(&self) -> u64 {
-        with_state!(&self.state, state => state.swept_at.load(std::sync::atomic::Ordering::SeqCst))
+        use std::sync::atomic::Ordering::SeqCst;
+        match &self.state {
+            Shared::Compact(state) => state.swept_at.load(SeqCst),
+            Shared::Wide(state) => state.swept_at.load(SeqCst),
+        }
     }
 
     /// Rounds the background sweeper has finished.
     pub(crate) fn sweeper_rounds(&self) -> u64 {
-        with_state!(&self.state, state => state.sweeper_rounds.load(std::sync::atomic::Ordering::SeqCst))
+        use std::sync::atomic::Ordering::SeqCst;
+        match &self.state {
+            Shared::Compact(state) => state.sweeper_rounds.load(SeqCst),
+            Shared::Wide(state) => state.sweeper_rounds.load(SeqCst),
+        }
     }
 
     /// Yield to the runtime until the sweeper has finished `rounds` rounds in
