@@ -731,13 +731,7 @@ impl<'a, H: Head> Ring<'a, H> {
             };
             order_write_before_reads();
             if strict {
-                if let Some(mut used) = self.span_count(g, s, count::<H::Bucket>(cell)) {
-                    if used > g.limit as u64 {
-                        // The oldest bucket may have left the window.
-                        if let Some(without) = self.span_without_gone_oldest(g, s, now) {
-                            used = used.min(without);
-                        }
-                    }
+                if let Some(used) = self.strict_count(g, s, count::<H::Bucket>(cell), now, 0) {
                     if self.moved_on(s) {
                         self.take_back(g, s, cost);
                         continue;
@@ -953,17 +947,33 @@ impl<'a, H: Head> Ring<'a, H> {
     fn denied_before_add(&self, g: &Geometry, s: u64, now: u64, cost: u32) -> Option<Decision> {
         let cell = self.bucket(g, s).load();
         let current = units_at::<H::Bucket>(s, cell)?;
-        let mut used = self.span_count(g, s, current)?;
-        if used + cost as u64 > g.limit as u64 {
-            if let Some(without) = self.span_without_gone_oldest(g, s, now) {
-                used = used.min(without);
-            }
-        }
+        let used = self.strict_count(g, s, current, now, cost as u64)?;
         if used + cost as u64 <= g.limit as u64 || self.moved_on(s) {
             return None;
         }
         let newest = if current > 0 { offset(cell) } else { 0 };
         Some(self.denied_strict_walk(g, s, now, cost, used, current, newest))
+    }
+
+    /// The units a strict check at `now` counts in the span of slot `s`,
+    /// given `current` units at slot `s` ([`span_count`](Self::span_count)):
+    /// when they and `extra` more exceed the limit, without the oldest
+    /// bucket if its newest admission has left the window. `None` when the
+    /// ring needs a full [`scan`](Self::scan).
+    fn strict_count(
+        &self,
+        g: &Geometry,
+        s: u64,
+        current: u64,
+        now: u64,
+        extra: u64,
+    ) -> Option<u64> {
+        let used = self.span_count(g, s, current)?;
+        if used + extra <= g.limit as u64 {
+            return Some(used);
+        }
+        let without = self.span_without_gone_oldest(g, s, now);
+        Some(without.map_or(used, |without| used.min(without)))
     }
 
     /// The units in the span `s-N+1 ..= s`, read bucket by bucket, when the
