@@ -15,7 +15,7 @@
 //!
 //! Buckets leave in slot order (a bucket's newest instant lies inside its
 //! slot), so the time until `cost` fits is found by walking them oldest
-//! first ([`Rule::fits_at`]), and the window drains when the newest bucket
+//! first ([`fits_at`]), and the window drains when the newest bucket
 //! leaves.
 //!
 //! Without offsets (a bucket's newest instant taken as its slot's last
@@ -60,6 +60,36 @@ pub(crate) fn offset_of(into: u64, width: u64, multiplier: u64) -> u16 {
 pub(crate) fn newest_into(offset: u16, width: u64) -> u64 {
     let step_end = (u128::from(offset) + 1) * u128::from(width);
     (step_end.div_ceil(u128::from(STEPS)) - 1) as u64
+}
+
+/// The earliest instant, at or after `from`, at which `cost` more units fit
+/// under `limit` in a window that holds `used` units: `from` when they fit
+/// already, else the instant the bucket whose leaving makes room leaves.
+/// `leaving` gives the buckets that count at `from`, oldest first, as (the
+/// instant the bucket leaves, its units): buckets leave in slot order, so
+/// the walk stops at the first that frees enough. `None` when the buckets
+/// given cannot free enough (a cost above the limit never fits).
+///
+/// The one answer to "when does it fit": the ring's denials, the wait
+/// forecast and the models call it; the Redis script walks its records the
+/// same way (its parity tests compare it with [`Rule`]).
+#[inline]
+pub(crate) fn fits_at(
+    used: u64,
+    limit: u64,
+    cost: u64,
+    from: u64,
+    leaving: impl IntoIterator<Item = (u64, u64)>,
+) -> Option<u64> {
+    let target = limit.checked_sub(cost)?;
+    let (mut used, mut at) = (used, from);
+    let mut leaving = leaving.into_iter();
+    while used > target {
+        let (leaves, units) = leaving.next()?;
+        used = used.saturating_sub(units);
+        at = at.max(leaves);
+    }
+    Some(at)
 }
 
 /// A bucket as the rule reads it: its slot, its units, and the offset of its
@@ -150,26 +180,14 @@ impl Rule {
     /// The earliest instant at or after `now` at which `cost` units fit,
     /// `None` when they never do. `buckets` may come in any order.
     pub(crate) fn fits_at(&self, buckets: &[Bucket], now: u64, cost: u64) -> Option<u64> {
-        if cost > self.limit {
-            return None;
-        }
-        let target = self.limit - cost;
         let mut counting: Vec<(u64, u64)> = buckets
             .iter()
             .filter(|b| self.counts(b, now))
             .map(|b| (self.leaves(b), b.units))
             .collect();
         counting.sort_unstable();
-        let mut used: u64 = counting.iter().map(|&(_, u)| u).sum();
-        let mut at = now;
-        for (leaves, units) in counting {
-            if used <= target {
-                break;
-            }
-            used -= units;
-            at = leaves;
-        }
-        Some(at)
+        let used = counting.iter().map(|&(_, u)| u).sum();
+        fits_at(used, self.limit, cost, now, counting)
     }
 
     /// A check of `cost` units at `now` over `buckets` (any order).

@@ -30,7 +30,7 @@ pub(crate) mod layout;
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
-use crate::rule::{newest_into, offset_multiplier, offset_of};
+use crate::rule::{self, newest_into, offset_multiplier, offset_of};
 use crate::sync::{order_write_before_reads, spin};
 use layout::{
     age, age_bits, count, count_max, normalize_age, offset, pack, pack_at, FLAGS, RESETTING,
@@ -1336,24 +1336,22 @@ impl<'a, H: Head> Ring<'a, H> {
         let need = used.saturating_sub((g.limit - cost) as u64);
         let older = used.saturating_sub(current);
         let at_age = |a: u64| self.units_and_offset_at_age(g, s, a);
-        // Read from the oldest age until enough leave (under steady traffic,
-        // one read); else the cost fits when this slot's units leave.
-        let mut fits_at = g.leaves(s, newest);
-        if older >= need {
-            let mut freed = 0;
-            for a in (1..=g.n).rev() {
+        // The buckets that count, oldest first, read only while the older
+        // ones may free enough (under steady traffic, one read); this slot's
+        // last, whose leaving drains the span.
+        let older_buckets = (1..=g.n)
+            .rev()
+            .take_while(|_| older >= need)
+            .filter_map(|a| {
                 let (units, newest) = at_age(a);
                 // An oldest bucket already left is not in `used`.
-                if units == 0 || (a == g.n && g.oldest_left_at(s, newest, now)) {
-                    continue;
-                }
-                freed += units;
-                if freed >= need {
-                    fits_at = g.leaves(s - a, newest);
-                    break;
-                }
-            }
-        }
+                let gone = a == g.n && g.oldest_left_at(s, newest, now);
+                (units > 0 && !gone).then(|| (g.leaves(s - a, newest), units))
+            });
+        let drained = g.leaves(s, newest);
+        let leaving = older_buckets.chain(std::iter::once((drained, current)));
+        let fits_at =
+            rule::fits_at(used, g.limit as u64, cost as u64, now, leaving).unwrap_or(drained);
         // The youngest bucket holding units, for the reset.
         let youngest = if current > 0 {
             Some(g.leaves(s, newest))

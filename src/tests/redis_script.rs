@@ -6,6 +6,7 @@
 //! run them with `-- --include-ignored` where one answers.
 
 use super::redis_support::*;
+use crate::rule::{Bucket, Rule};
 use crate::{FailurePolicy, Limiter, ManualClock, Policy, Precision, RedisStore, Store};
 use ::redis::AsyncCommands;
 use std::time::Duration;
@@ -100,7 +101,9 @@ async fn undo_gives_units_back_and_clears_the_deny_cache() {
 }
 
 /// Run `trace` through the in-memory limiter (manual clock) and through Redis at
-/// the same injected times: the script must decide exactly as the ring does.
+/// the same injected times: the script must decide exactly as the ring does,
+/// and in strict mode with time only going forward, both as the rule states
+/// it (`crate::rule`): admitted or not, the wait and the reset.
 /// What a comparison trace exercises. The two are kept apart because the
 /// in-memory limiter, after evicting an idle key, starts its new ring no earlier
 /// than the newest time any sweep saw (its keys share one clock), while Redis
@@ -126,6 +129,14 @@ async fn compare_with_the_ring(test: &str, precision: Precision, trace: Trace) {
         .build()
         .unwrap();
     let (limiter, clock, redis) = compared_sides(p, test);
+
+    let rule = (precision == Precision::Strict && trace == Trace::KeysAndGaps).then_some(Rule {
+        buckets: 10,
+        width: 3_000_000_000,
+        limit: 12,
+        whole_slots: false,
+    });
+    let mut rule_buckets: [Vec<Bucket>; 3] = Default::default();
 
     let mut rng = Rng::new(0x5eed);
     // Start well away from zero, like Redis' TIME.
@@ -161,10 +172,34 @@ async fn compare_with_the_ring(test: &str, precision: Precision, trace: Trace) {
                 "{ctx}: {r:?} vs {m:?}"
             ),
         }
+        let t = now.as_nanos() as u64;
+        if let Some(rule) = &rule {
+            let buckets = &mut rule_buckets[key as usize];
+            let v = rule.check(buckets, t, u64::from(cost));
+            assert_eq!(v.allowed, mem.is_allowed(), "{ctx}: the rule");
+            assert_eq!(
+                Some(v.retry_after.unwrap() as u128),
+                Some(r.as_nanos()),
+                "{ctx}: the rule"
+            );
+            assert_eq!(v.reset as u128, red.reset().as_nanos(), "{ctx}: the rule");
+            if v.allowed {
+                rule.record(buckets, t, u64::from(cost));
+            }
+        }
         // Give some admissions back on both sides.
         if mem.is_allowed() && rng.below(10) == 0 {
             limiter.undo(&key, &mem);
             redis.undo_at(&key, &red, now).await;
+            if let Some(rule) = &rule {
+                // The units leave their bucket; its newest instant stays.
+                let slot = rule.slot(t);
+                let b = rule_buckets[key as usize]
+                    .iter_mut()
+                    .find(|b| b.slot == slot)
+                    .unwrap();
+                b.units -= u64::from(cost);
+            }
         }
         allowed += mem.is_allowed() as u32;
     }

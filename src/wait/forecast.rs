@@ -11,6 +11,7 @@
 use crate::decision::{Decision, Outcome};
 use crate::policy::Precision;
 use crate::ring::{Geometry, WindowSnapshot};
+use crate::rule;
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -84,29 +85,22 @@ impl Window {
     }
 
     /// The earliest (slot, clock ns) at which `cost` more units fit, no earlier
-    /// than `now` and than the latest admission. Nothing is changed.
+    /// than `now` and than the latest admission, by the rule's
+    /// [`rule::fits_at`]. Nothing is changed.
     fn next(&self, cost: u32, now: u64) -> (u64, u64) {
-        let limit = self.g.limit() as u64;
-        let (mut slot, mut at) = self.start(now);
-        let mut used = self.used;
-        let mut live = self.buckets.iter();
-        let mut oldest = live.next();
-        loop {
-            while let Some(&(x, c, o)) = oldest {
-                if self.counts((x, o), slot, at) {
-                    break;
-                }
-                used -= c;
-                oldest = live.next();
-            }
-            match oldest {
-                Some(&(x, _, o)) if used + cost as u64 > limit => {
-                    // Wait for the oldest bucket's newest admission to leave.
-                    at = self.g.leaves(x, o);
-                    slot = self.g.slot(at);
-                }
-                _ => return (slot, at),
-            }
+        let (slot, at) = self.start(now);
+        // The clock behind the slot taken at its start, as the ring does.
+        let from = at.max(slot.saturating_mul(self.g.width()));
+        let leaving = self
+            .buckets
+            .iter()
+            .map(|&(x, c, o)| (self.g.leaves(x, o), c))
+            .filter(|&(leaves, _)| leaves > from);
+        let used = leaving.clone().map(|(_, c)| c).sum();
+        match rule::fits_at(used, self.g.limit() as u64, cost as u64, from, leaving) {
+            // Wait for the bucket whose leaving makes room.
+            Some(t) if t > from => (self.g.slot(t), t),
+            _ => (slot, at),
         }
     }
 
