@@ -83,16 +83,10 @@ local MAX_OFFSET = STEPS - 1
 local wns = w * 1000
 local wq = math.floor(wns / STEPS)
 local wr = wns - wq * STEPS
-local function newest_ns(o)
-  local k = o + 1
-  return k * wq + math.ceil(k * wr / STEPS) - 1
-end
-
 -- Nanoseconds from `t` (µs) until the units of slot `x`, the newest at `o`,
--- have all left the window (negative once they have).
-local function leaves_in(x, o, t)
-  return ((x + n) * w - t) * 1000 + newest_ns(o)
-end
+-- have all left the window (negative once they have), written out where
+-- used (a closure per call costs more than the arithmetic):
+--   ((x + n) * w - t) * 1000 + (o + 1) * wq + ceil((o + 1) * wr / STEPS) - 1
 
 -- s = floor(now / w), corrected for the double division's rounding.
 local s = math.floor(now / w)
@@ -227,7 +221,8 @@ if not back_pos then back = 0 end
 -- Strict: the oldest bucket no longer counts once its newest admission has
 -- left the window.
 local gone = 0
-if not interpolated and oldest > 0 and leaves_in(s - n, oldest_off, at) <= 0 then
+if not interpolated and oldest > 0
+    and (s * w - at) * 1000 + (oldest_off + 1) * wq + math.ceil((oldest_off + 1) * wr / STEPS) - 1 <= 0 then
   gone = oldest
 end
 
@@ -356,7 +351,8 @@ end
 -- it has, the oldest bucket gone).
 local reset = 0
 if youngest >= 0 and used > 0 then
-  reset = leaves_in(youngest, youngest_off, now)
+  reset = ((youngest + n) * w - now) * 1000 + (youngest_off + 1) * wq
+    + math.ceil((youngest_off + 1) * wr / STEPS) - 1
   if reset <= (at - now) * 1000 then reset = 0 end
 end
 
@@ -379,21 +375,18 @@ if fits then
 end
 
 -- The exact time until `cost` fits, as the buckets leave oldest first
--- (Ring::denied_strict_walk, Ring::denied).
+-- (strict: fits_at in src/rule.rs; interpolated: Ring::denied).
 local target = limit - cost
 if target < 0 then target = 0 end
-local recs = {}
-for pos = HDR, cut - 1, REC do
-  local slot, c, o = struct.unpack('<dI4H', v, pos)
-  if pos == back_pos then c = c - back end
-  if c > 0 then recs[#recs + 1] = {slot, c, o} end
-end
-table.sort(recs, function(x, y) return x[1] < y[1] end)
 local wait
 if interpolated then
-  -- Units ahead of the current slot (first_slot > s) leave last.
   local counts = {}
-  for i = 1, #recs do counts[s - recs[i][1]] = recs[i][2] end
+  for pos = HDR, cut - 1, REC do
+    local slot, c = struct.unpack('<dI4', v, pos)
+    if pos == back_pos then c = c - back end
+    counts[s - slot] = c
+  end
+  -- Units ahead of the current slot (first_slot > s) leave last.
   local last = n
   if first_slot > s then last = first_slot - s + n end
   local t = (s + last + 1) * w
@@ -411,19 +404,20 @@ if interpolated then
   end
   wait = (t - now) * 1000
 else
-  local u = used - gone
-  wait = nil
-  for i = 1, #recs do
-    local slot, c, o = recs[i][1], recs[i][2], recs[i][3]
-    if not (slot == s - n and gone > 0) then
+  -- The records are newest first: walked from the tail, oldest first.
+  local u, x, o = used - gone, s, cur_off
+  for pos = cut - REC, HDR, -REC do
+    local slot, c, off = struct.unpack('<dI4H', v, pos)
+    if pos == back_pos then c = c - back end
+    if c > 0 and not (slot == s - n and gone > 0) then
       u = u - c
       if u <= target then
-        wait = leaves_in(slot, o, now)
+        x, o = slot, off
         break
       end
     end
   end
-  if not wait then wait = leaves_in(s, cur_off, now) end
+  wait = ((x + n) * w - now) * 1000 + (o + 1) * wq + math.ceil((o + 1) * wr / STEPS) - 1
 end
 if wait < 1 then wait = 1 end
 return {0, remaining, wait, reset, s, 0, valid, born, back}
