@@ -5,7 +5,7 @@
 //! on and off.
 //!
 //! Each setting builds a `Limiter<u64>` on the default clock (`AutoClock`)
-//! with `Policy::per(100, 2 s)` (15 buckets of 133 ms) and a cap of 4M keys
+//! with `Policy::per(100, 2 s)` (the default 7 buckets of 286 ms) and a cap of 4M keys
 //! (never reached here: the sweeps are measured, not the overflow ring), then:
 //!
 //! 1. checks 1 000 000 keys once each, on two threads (unmeasured; within

@@ -1,7 +1,7 @@
 //! Many client keys, end to end: an axum hello-world server keyed by 100 000
 //! distinct API keys, each of which comes back after it went idle, with this
 //! crate's `SlidingWindowLayer`, with tower_governor and with no limiter, all
-//! in one run, interleaved by rounds.
+//! in one run, side by side.
 //!
 //! **Server and client apart.** Each arm's server runs in a child process (the
 //! bench re-executes itself with `HTTP_KEYS_SERVE=<arm>`; the child prints its
@@ -28,7 +28,7 @@
 //! tower_governor's `SmartIpKeyExtractor` takes the leftmost address.)
 //!
 //! **Every key idle when it comes back.** The policy is 5 requests in half a
-//! second: ours `Policy::per(5, 500 ms)` (15 buckets of 33.3 ms);
+//! second: ours `Policy::per(5, 500 ms)` (7 buckets of 71.4 ms);
 //! tower_governor the same rate and burst (`per_millisecond(100)`,
 //! `burst_size(5)`). A key comes back once the other 99 999 have been sent,
 //! about a second later or more at the rates this machine serves (each run
@@ -45,17 +45,23 @@
 //! router (`Router::layer`), as in their READMEs; neither sets rate-limit
 //! headers on allowed responses (the default of both).
 //!
-//! **Method.** Each round runs the three arms one after another, for the same
-//! time each, in an order rotated each round; the ratios are taken within a
-//! round and the median over rounds is reported. Before the rounds, each arm
-//! runs once unmeasured, so that every key has been seen once. "Server CPU per
-//! request" is taken over each load; the second figure, "with the cleanup",
-//! over a load and the idle time until the same arm's next load, which
-//! includes dropping the keys the load left (ours' sweeper task, governor's
-//! `retain_recent` thread) and the sweeper's rounds with nothing to drop.
+//! **Method: side by side.** The three servers run at the same time, each
+//! driven by its own load generator: the servers pinned to the first CPU,
+//! the client (all three generators) to the second (`taskset`; unpinned,
+//! with a notice, where it or a second CPU is missing). The machine's swings
+//! then hit every arm alike: loads run one after another swing by ±12% on a
+//! shared 2-vCPU machine, side by side they agree within 3%. With the
+//! servers sharing one CPU, each gets the time the scheduler gives it, so
+//! requests per second follow the server's CPU per request. Before the
+//! rounds, each arm runs once unmeasured, so that every key has been seen
+//! once; the ratios are taken within a round and the median over rounds is
+//! reported. "Server CPU per request" is taken over each load; the second
+//! figure, "with the cleanup", over a load and the time until the next
+//! round's, which includes dropping the keys the load left (ours' sweeper
+//! task, governor's `retain_recent` thread).
 //!
 //! ```sh
-//! cargo bench --bench http_keys    # 21 rounds, 2 s per run, 32 connections (~3 min)
+//! cargo bench --bench http_keys    # 21 rounds, 2 s per round, 32 connections per arm (~1.5 min)
 //! HTTP_KEYS_BENCH_MS=3000 HTTP_KEYS_BENCH_ROUNDS=30 HTTP_KEYS_BENCH_CONNS=64 cargo bench --bench http_keys
 //! ```
 //!
@@ -85,11 +91,12 @@ const KEYS: usize = 100_000;
 const HEADER: &str = "x-api-key";
 /// Requests a key may make per window.
 const LIMIT: u32 = 5;
-/// Half a second: at the rates a 2-core machine serves (60 000 to 120 000
-/// requests a second), a key comes back 0.8 s or more later, idle.
+/// Half a second: at the rates a 2-core machine serves with the three
+/// servers sharing one CPU (20 000 to 40 000 requests a second each), a key
+/// comes back 2.5 s or more later, idle.
 const WINDOW: Duration = Duration::from_millis(500);
 /// A key is idle once a window and a bucket have passed since its last request.
-const IDLE_AFTER: Duration = Duration::from_millis(534);
+const IDLE_AFTER: Duration = Duration::from_millis(572);
 /// Which arm a child process serves.
 const SERVE_ENV: &str = "HTTP_KEYS_SERVE";
 /// The longest a request may take before the bench gives up on the server.
@@ -226,9 +233,18 @@ struct Server {
 }
 
 impl Server {
-    fn start(arm: Arm) -> Server {
+    /// Start `arm`'s server, pinned to `cpu` when given.
+    fn start(arm: Arm, cpu: Option<usize>) -> Server {
         let exe = std::env::current_exe().expect("the bench's own path");
-        let mut child = Command::new(exe)
+        let mut command = match cpu {
+            Some(cpu) => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(cpu.to_string()).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = command
             .env(SERVE_ENV, arm.name())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -405,6 +421,27 @@ async fn load(
     (ok, other, started.elapsed().as_secs_f64())
 }
 
+/// The CPU the servers share; the client runs on the other.
+const SERVER_CPU: usize = 0;
+const CLIENT_CPU: usize = 1;
+
+/// Pin this process (the client: its threads start after this) to
+/// `CLIENT_CPU`, when the machine has two CPUs and `taskset` runs.
+fn pin_client() -> bool {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpus >= 2
+        && Command::new("taskset")
+            .args([
+                "-p",
+                "-c",
+                &CLIENT_CPU.to_string(),
+                &std::process::id().to_string(),
+            ])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
 /// A setting from the environment, or its default.
 fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -441,7 +478,14 @@ fn main() {
             .map(|i| HeaderValue::from_str(&format!("client-{i:06}")).unwrap())
             .collect(),
     );
-    let servers: Vec<Server> = ARMS.into_iter().map(Server::start).collect();
+    let pinned = pin_client();
+    if !pinned {
+        println!("NOTICE: not pinned (taskset or a second CPU missing): servers and client share every CPU");
+    }
+    let servers: Vec<Server> = ARMS
+        .into_iter()
+        .map(|arm| Server::start(arm, pinned.then_some(SERVER_CPU)))
+        .collect();
     let cursors: Vec<Arc<AtomicUsize>> = ARMS.iter().map(|_| Arc::default()).collect();
     println!(
         "servers: {}",
@@ -461,25 +505,37 @@ fn main() {
     // Each arm's CPU at the start of its latest load, for the figure with the cleanup.
     let mut last_start: Vec<Option<Cpu>> = ARMS.iter().map(|_| None).collect();
     rt.block_on(async {
+        // The three loads at once, one per server.
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        let (keys, cursors) = (&keys, &cursors);
+        let loads = |duration| {
+            let ports = ports.clone();
+            async move {
+                let (o, g, n) = tokio::join!(
+                    load(ports[0], keys, &cursors[0], conns, duration),
+                    load(ports[1], keys, &cursors[1], conns, duration),
+                    load(ports[2], keys, &cursors[2], conns, duration),
+                );
+                [o, g, n]
+            }
+        };
         // Every key seen once by every server, unmeasured.
-        for (i, server) in servers.iter().enumerate() {
-            let mut seen = 0;
-            while seen < KEYS as u64 {
-                let (ok, other, _) = load(server.port, &keys, &cursors[i], conns, duration).await;
-                seen += ok + other;
+        let mut seen = [0u64; 3];
+        while seen.iter().any(|&s| s < KEYS as u64) {
+            for (i, (ok, other, _)) in loads(duration).await.into_iter().enumerate() {
+                seen[i] += ok + other;
             }
         }
         for round in 0..rounds {
-            for k in 0..ARMS.len() {
-                let i = (round + k) % ARMS.len();
-                let server = &servers[i];
-                let before = server.cpu();
+            let before: Vec<Cpu> = servers.iter().map(Server::cpu).collect();
+            for i in 0..ARMS.len() {
                 if let (Some(start), Some(prev)) = (&last_start[i], runs[i].last_mut()) {
-                    prev.cpu_with_cleanup = Some(start.until(&before));
+                    prev.cpu_with_cleanup = Some(start.until(&before[i]));
                 }
-                let (ok, other, secs) =
-                    load(server.port, &keys, &cursors[i], conns, duration).await;
-                let cpu = before.until(&server.cpu());
+            }
+            let results = loads(duration).await;
+            for (i, (before, (ok, other, secs))) in before.into_iter().zip(results).enumerate() {
+                let cpu = before.until(&servers[i].cpu());
                 last_start[i] = Some(before);
                 runs[i].push(Run {
                     ok,
@@ -514,8 +570,13 @@ fn main() {
     let (ours, gov, none) = (0, 1, 2);
 
     println!(
-        "\n{KEYS} keys in rotation, {conns} connections, {duration:?} per run, {rounds} interleaved rounds, \
-         loopback, each server in its own process"
+        "\n{KEYS} keys in rotation, {conns} connections, {duration:?} per run, {rounds} rounds, \
+         loopback, the servers side by side {}",
+        if pinned {
+            "on one CPU, the client on the other"
+        } else {
+            "unpinned"
+        }
     );
     println!("median over rounds (10th–90th percentile of rounds)\n");
     println!("| arm | requests/s | server CPU per request | with the cleanup | a key comes back after | other than 2xx |");

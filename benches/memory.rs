@@ -256,8 +256,14 @@ fn main() {
             .build()
             .unwrap()
     };
-    per_key("u64 keys, 31 buckets (compact)", buckets(31), |k| k);
-    per_key("u64 keys, 7 buckets (compact)", buckets(7), |k| k);
+    // The default's neighbours, for the choice of the default.
+    for n in [10, 15, 16, 20, 31] {
+        per_key(
+            &format!("u64 keys, {n} buckets (compact)"),
+            buckets(n),
+            |k| k,
+        );
+    }
     governor_per_key("u64 keys", |k| k);
     governor_per_key("IpAddr keys", ip);
     eviction();

@@ -178,12 +178,26 @@ pub enum Load {
 }
 
 fn policy(load: Load) -> Policy {
-    match load {
-        Load::Allowed => Policy::per(1_000_000_000, Duration::from_secs(1)),
-        Load::AllowedCompact => Policy::per(65_535, Duration::from_secs(1)),
-        Load::Denied => Policy::per(1, Duration::from_secs(3600)),
-    }
-    .unwrap()
+    let (limit, window) = match load {
+        Load::Allowed => (1_000_000_000, Duration::from_secs(1)),
+        Load::AllowedCompact => (65_535, Duration::from_secs(1)),
+        Load::Denied => (1, Duration::from_secs(3600)),
+    };
+    Policy::builder()
+        .limit(limit)
+        .window(window)
+        .buckets(buckets())
+        .build()
+        .unwrap()
+}
+
+/// Buckets per window: the default, or `BENCH_BUCKETS` to measure another
+/// count (`BENCH_BUCKETS=15 cargo bench --bench paired`).
+pub fn buckets() -> u32 {
+    std::env::var("BENCH_BUCKETS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(Policy::DEFAULT_BUCKETS)
 }
 
 /// Ours on its default clock.
