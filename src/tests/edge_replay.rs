@@ -2,8 +2,9 @@
 //! and an exact sliding log, at nanosecond resolution with sub-millisecond
 //! jitter, each at 8 clock phases: what strict mode admits of what the exact
 //! log admits, with a bucket's newest-admission offset and without (a bucket
-//! counted until its whole slot has left the window, as the ring counts
-//! today), for 10, 15, 16 and 20 buckets; a denied request is dropped.
+//! counted until its whole slot has left the window, the rule before
+//! offsets), for 7, 10, 15, 16 and 20 buckets, for a client that retries a
+//! denied request when it fits and for one that drops it.
 //! Every replay also checks that no window holds more than the limit, and
 //! that a denial's wait is when the cost fits. `#[ignore]`d: `cargo test --release
 //! --lib edge_replay -- --ignored --nocapture` prints the table.
