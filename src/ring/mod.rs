@@ -1344,9 +1344,10 @@ impl<'a, H: Head> Ring<'a, H> {
             .take_while(|_| older >= need)
             .filter_map(|a| {
                 let (units, newest) = at_age(a);
-                // An oldest bucket already left is not in `used`.
-                let gone = a == g.n && g.oldest_left_at(s, newest, now);
-                (units > 0 && !gone).then(|| (g.leaves(s - a, newest), units))
+                // An oldest bucket already left is not in `used` (an empty
+                // one is not asked: its slot may lie before slot 0).
+                let counts = units > 0 && !(a == g.n && g.oldest_left_at(s, newest, now));
+                counts.then(|| (g.leaves(s - a, newest), units))
             });
         let drained = g.leaves(s, newest);
         let leaving = older_buckets.chain(std::iter::once((drained, current)));
