@@ -62,6 +62,14 @@ pub(crate) fn newest_into(offset: u16, width: u64) -> u64 {
     (step_end.div_ceil(u128::from(STEPS)) - 1) as u64
 }
 
+/// The instant the units of the bucket of slot `slot`, the newest admitted
+/// at `offset`, have all left a window of `buckets` buckets of `width`: that
+/// newest admission plus the window. A bucket counts until then.
+#[inline(always)]
+pub(crate) fn leaves(slot: u64, offset: u16, width: u64, buckets: u64) -> u64 {
+    (slot + buckets) * width + newest_into(offset, width)
+}
+
 /// The earliest instant, at or after `from`, at which `cost` more units fit
 /// under `limit` in a window that holds `used` units: `from` when they fit
 /// already, else the instant the bucket whose leaving makes room leaves.
@@ -160,7 +168,7 @@ impl Rule {
         if self.whole_slots {
             return (b.slot + 1) * self.width + self.window();
         }
-        self.newest(b.slot, b.newest).saturating_add(self.window())
+        leaves(b.slot, b.newest, self.width, self.buckets)
     }
 
     /// Whether `b` counts in a check at `now`.

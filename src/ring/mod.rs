@@ -30,7 +30,7 @@ pub(crate) mod layout;
 
 use crate::decision::{Decision, Outcome};
 use crate::policy::{Policy, Precision};
-use crate::rule::{self, newest_into, offset_multiplier, offset_of};
+use crate::rule::{self, offset_multiplier, offset_of};
 use crate::sync::{order_write_before_reads, spin};
 use layout::{
     age, age_bits, count, count_max, normalize_age, offset, pack, pack_at, FLAGS, RESETTING,
@@ -164,7 +164,7 @@ impl Geometry {
     /// at `offset`, have all left the window: its newest admission plus W.
     #[inline(always)]
     pub(crate) fn leaves(&self, x: u64, offset: u16) -> u64 {
-        (x + self.n) * self.width + newest_into(offset, self.width)
+        rule::leaves(x, offset, self.width, self.n)
     }
 
     /// Whether the oldest bucket of slot `s`'s span (slot `s - N`, `s >= N`),
