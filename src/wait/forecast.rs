@@ -94,8 +94,8 @@ impl Window {
         let leaving = self
             .buckets
             .iter()
-            .map(|&(x, c, o)| (self.g.leaves(x, o), c))
-            .filter(|&(leaves, _)| leaves > from);
+            .filter(|&&(x, _, o)| self.counts((x, o), slot, at))
+            .map(|&(x, c, o)| (self.g.leaves(x, o), c));
         let used = leaving.clone().map(|(_, c)| c).sum();
         match rule::fits_at(used, self.g.limit() as u64, cost as u64, from, leaving) {
             // Wait for the bucket whose leaving makes room.
