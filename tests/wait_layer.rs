@@ -525,17 +525,32 @@ fn holding(key: &str, until_ms: u64) -> Request<()> {
         .unwrap()
 }
 
+/// `layer` in front of [`holding_inner`], which takes one request at a time
+/// (`concurrency_limit(1)`): a request admitted after waiting may be sent
+/// later, when another key's request lets the inner service go.
+fn one_at_a_time(
+    layer: SlidingWindowLayer<ByKey>,
+    served: &Served,
+    start: Instant,
+) -> impl Service<Request<()>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service(holding_inner(served, start))
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() {
     // 1 per 1.5 s. The inner service takes one request at a time.
     let start = Instant::now();
     let served = Served::default();
-    let svc = ServiceBuilder::new()
-        .layer(waiting(1))
-        .concurrency_limit(1)
-        .service(holding_inner(&served, start));
-    svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
-                                                      // a's second request waits for its turn (1.501 s)...
+    let svc = one_at_a_time(waiting(1), &served, start);
+    // a's first request, at 0.
+    svc.clone().oneshot(request("a")).await.unwrap();
+    // a's second request waits for its turn (1.501 s)...
     let second = tokio::spawn(svc.clone().oneshot(request("a")));
     tokio::time::sleep_until(start + ms(100)).await;
     // ...while another key's request holds the inner service until 3 s.
@@ -565,12 +580,10 @@ async fn a_request_sent_later_in_the_bucket_it_was_admitted_in_counts_from_its_s
     // 1 per 1.5 s. The inner service takes one request at a time.
     let start = Instant::now();
     let served = Served::default();
-    let svc = ServiceBuilder::new()
-        .layer(waiting(1))
-        .concurrency_limit(1)
-        .service(holding_inner(&served, start));
-    svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
-                                                      // a's second request waits for its turn (1.501 s)...
+    let svc = one_at_a_time(waiting(1), &served, start);
+    // a's first request, at 0.
+    svc.clone().oneshot(request("a")).await.unwrap();
+    // a's second request waits for its turn (1.501 s)...
     let second = tokio::spawn(svc.clone().oneshot(request("a")));
     // ...while another key's request holds the inner service from 1.4 s to
     // 1.55 s: the second is sent at 1.55 s, in its bucket (1.5 s to 1.6 s).
@@ -593,12 +606,11 @@ async fn a_request_dropped_after_its_turn_but_before_it_was_sent_gives_its_unit_
     let start = Instant::now();
     let served = Served::default();
     let layer = waiting(1);
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .concurrency_limit(1)
-        .service(holding_inner(&served, start));
-    svc.clone().oneshot(request("a")).await.unwrap(); // a at 0
-                                                      // a's second request is admitted at 1.501 s, then waits for the inner service...
+    let svc = one_at_a_time(layer.clone(), &served, start);
+    // a's first request, at 0.
+    svc.clone().oneshot(request("a")).await.unwrap();
+    // a's second request is admitted at 1.501 s, then waits for the inner
+    // service...
     let second = tokio::spawn(tokio::time::timeout(
         ms(2000),
         svc.clone().oneshot(request("a")),
