@@ -542,26 +542,32 @@ fn one_at_a_time(
         .service(holding_inner(served, start))
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() {
-    // 1 per 1.5 s. The inner service takes one request at a time.
+/// 1 per 1.5 s, the inner service one request at a time: key a's first
+/// request at 0; its second waits for its turn (1.501 s) while key b's
+/// request, sent at `b_at` ms, holds the inner service until `b_until` ms;
+/// a's third is sent at `third_at` ms. Every request is served; the instants
+/// a's requests were forwarded at.
+async fn a_second_request_held_by_b(b_at: u64, b_until: u64, third_at: u64) -> Vec<Duration> {
     let start = Instant::now();
     let served = Served::default();
     let svc = one_at_a_time(waiting(1), &served, start);
-    // a's first request, at 0.
     svc.clone().oneshot(request("a")).await.unwrap();
-    // a's second request waits for its turn (1.501 s)...
     let second = tokio::spawn(svc.clone().oneshot(request("a")));
-    tokio::time::sleep_until(start + ms(100)).await;
-    // ...while another key's request holds the inner service until 3 s.
-    let slow = tokio::spawn(svc.clone().oneshot(holding("b", 3000)));
-    // a's third request arrives after the second was admitted (its turn: 3.002 s).
-    tokio::time::sleep_until(start + ms(1700)).await;
+    tokio::time::sleep_until(start + ms(b_at)).await;
+    let slow = tokio::spawn(svc.clone().oneshot(holding("b", b_until)));
+    tokio::time::sleep_until(start + ms(third_at)).await;
     let third = tokio::spawn(svc.clone().oneshot(request("a")));
     for call in [second, slow, third] {
         assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
     }
-    let at = times_of(&served, "a", start);
+    times_of(&served, "a", start)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() {
+    // b holds the inner service from 100 ms until 3 s; a's third request
+    // arrives after the second was admitted (its turn: 3.002 s).
+    let at = a_second_request_held_by_b(100, 3000, 1700).await;
     assert_eq!(at.len(), 3);
     for (i, t) in at.iter().enumerate() {
         let in_window = at[i..].iter().filter(|u| **u - *t < ms(1500)).count();
@@ -577,27 +583,13 @@ async fn a_request_admitted_after_waiting_but_forwarded_late_keeps_the_window() 
 /// waits a window from then, not from its admission.
 #[tokio::test(start_paused = true)]
 async fn a_request_sent_later_in_the_bucket_it_was_admitted_in_counts_from_its_sending() {
-    // 1 per 1.5 s. The inner service takes one request at a time.
-    let start = Instant::now();
-    let served = Served::default();
-    let svc = one_at_a_time(waiting(1), &served, start);
-    // a's first request, at 0.
-    svc.clone().oneshot(request("a")).await.unwrap();
-    // a's second request waits for its turn (1.501 s)...
-    let second = tokio::spawn(svc.clone().oneshot(request("a")));
-    // ...while another key's request holds the inner service from 1.4 s to
-    // 1.55 s: the second is sent at 1.55 s, in its bucket (1.5 s to 1.6 s).
-    tokio::time::sleep_until(start + ms(1400)).await;
-    let slow = tokio::spawn(svc.clone().oneshot(holding("b", 1550)));
-    // a's third request waits for the second's unit to leave: a window after
-    // it was sent, at the timer's next millisecond (3.051 s); counted from its
+    // b holds the inner service from 1.4 s to 1.55 s: a's second request is
+    // sent at 1.55 s, in its bucket (1.5 s to 1.6 s). a's third, sent at
+    // 1.6 s, waits for the second's unit to leave: a window after it was
+    // sent, at the timer's next millisecond (3.051 s); counted from its
     // admission it would pass at 3.002 s, 1.452 s after the second was sent.
-    tokio::time::sleep_until(start + ms(1600)).await;
-    let third = tokio::spawn(svc.clone().oneshot(request("a")));
-    for call in [second, slow, third] {
-        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
-    }
-    assert_eq!(times_of(&served, "a", start), [ms(0), ms(1550), ms(3051)]);
+    let at = a_second_request_held_by_b(1400, 1550, 1600).await;
+    assert_eq!(at, [ms(0), ms(1550), ms(3051)]);
 }
 
 #[tokio::test(start_paused = true)]
